@@ -1,0 +1,111 @@
+"""The facts `graphmem inspect` presents, gathered in one place and JSON-ready."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from graphmem.analysis.memory import estimate_memory
+from graphmem.analysis.regions import Regions, analyze_regions
+from graphmem.analysis.variables import find_variables
+from graphmem.graph import dtypes
+from graphmem.graph.index import CONTROL_FLOW_V2
+from graphmem.graph.workspace import Workspace
+
+
+@dataclass
+class TensorFact:
+    name: str
+    shape: list[int] | None
+    dtype: str
+    bytes: int | None
+
+
+@dataclass
+class Untouched:
+    what: str
+    count: int
+    why: str
+    examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class InspectFacts:
+    model: dict
+    nodes: int
+    regions: dict[str, int]
+    top_op_types: list[tuple[str, int]]
+    loss: list[str]
+    saved_activations: dict
+    variables: dict
+    devices: dict[str, int]
+    control_flow: dict
+    estimated_peak_bytes: int
+    persistent_bytes: int
+    peak: dict
+    untouched: list[Untouched]
+    batch_size: int | None
+    shapes_from: str
+
+
+def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
+                 top: int = 10) -> tuple[InspectFacts, Regions]:
+    index = ws.index
+    regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
+    saved = sorted(regions.saved, key=lambda s: -(s.bytes or 0))
+    variables = find_variables(index)
+    frames = index.frames()
+    v2 = [index.names[i] for i in range(len(index)) if index.ops[i] in CONTROL_FLOW_V2]
+    mem = estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index))
+    devices = Counter(d or "(unplaced)" for d in index.devices)
+    untouched: list[Untouched] = []
+    if frames or v2:
+        loop_nodes = sum(frames.values()) + len(v2)
+        untouched.append(Untouched(
+            "control-flow ops", loop_nodes,
+            "loops and conditionals are treated as units: never split or recomputed",
+            sorted(frames)[:5] + v2[:5]))
+    stateful_fwd = sorted(index.names[i] for i in regions.forward
+                          if index.stateful[i] and index.ops[i] not in ("VarHandleOp",
+                                                                       "VariableV2", "_Arg"))
+    if stateful_fwd:
+        untouched.append(Untouched(
+            "stateful forward ops", len(stateful_fwd),
+            "random ops, variable reads and queues are never recomputed (their outputs are kept)",
+            stateful_fwd[:5]))
+    unknown = regions.unknown_size
+    if unknown:
+        untouched.append(Untouched(
+            "saved activations of unknown size", len(unknown),
+            "their shapes are not static; pass --batch-size to size an unknown batch dimension",
+            [s.name for s in unknown[:5]]))
+    model = ws.model
+    facts = InspectFacts(
+        model={"path": str(model.path), "format": model.format.value, "tags": list(model.tags),
+               "function": model.function_name},
+        nodes=len(index),
+        regions={"forward": len(regions.forward), "backward": len(regions.backward),
+                 "optimizer": len(regions.optimizer),
+                 "state_updates": len(regions.state_updates), "other": len(regions.other)},
+        top_op_types=Counter(index.ops).most_common(top),
+        loss=[index.tensor_name(t) for t in regions.loss],
+        saved_activations={
+            "count": len(saved), "total_bytes": regions.saved_bytes,
+            "unknown_size_count": len(unknown),
+            "unknown_size": [s.name for s in unknown],
+            "largest": [TensorFact(s.name, s.shape, dtypes.name(s.dtype or 0), s.bytes)
+                        for s in saved[:top]],
+        },
+        variables={"count": len(variables), "total_bytes": sum(v.bytes or 0 for v in variables),
+                   "largest": sorted(variables, key=lambda v: -(v.bytes or 0))[:top]},
+        devices=dict(devices),
+        control_flow={"v1_frames": frames, "v2_ops": v2},
+        estimated_peak_bytes=mem.peak_bytes,
+        persistent_bytes=mem.persistent_bytes,
+        peak={"op": mem.peak_op, "position": mem.peak_position, "of": len(index),
+              "live": mem.live_at_peak, "unknown_tensors": mem.unknown_tensors},
+        untouched=untouched,
+        batch_size=batch_size,
+        shapes_from="tensorflow" if ws.shapes_from_tensorflow else "graph",
+    )
+    return facts, regions

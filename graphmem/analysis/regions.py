@@ -1,0 +1,188 @@
+"""Which part of a training step each node belongs to, and what the backward pass keeps alive.
+
+Backward ops are found from the graph, not from names alone: the ops in the gradient scopes
+(`gradients*/`, `gradient_tape/`, or the user's `--backward-scope`) seed the region, and every
+op downstream of them that computes on gradients joins it. Ops downstream of a variable write
+are the optimizer. Forward ops are the data ancestors of the backward region that are neither.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from graphmem.errors import InputError
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, nbytes
+
+DEFAULT_BACKWARD_SCOPES = (r"(^|/)gradients(_\d+)?/", r"(^|/)gradient_tape/")
+_WRITE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply", "Assign",
+                   "ResourceScatter", "Scatter", "ResourceStridedSliceAssign",
+                   "StridedSliceAssign")
+
+
+def is_state_write(op: str) -> bool:
+    return op.startswith(_WRITE_PREFIXES)
+
+
+def is_parameter_read(index: GraphIndex, i: int) -> bool:
+    """Variables, their reads and constants: persistent memory, not activations."""
+    op = index.ops[i]
+    if op in VARIABLE_OPS or op in ("ReadVariableOp", "Const", "HostConst"):
+        return True
+    ins = index.data_inputs[i]
+    return op == "Identity" and len(ins) == 1 and index.ops[ins[0][0]] in VARIABLE_OPS
+
+
+@dataclass
+class SavedActivation:
+    """A forward tensor read by the backward pass: what stays in memory between the passes."""
+
+    tensor: Tensor
+    name: str
+    shape: list[int] | None
+    dtype: int | None
+    bytes: int | None
+    consumers: list[int]  # backward ops that read its data
+
+
+@dataclass
+class Regions:
+    forward: set[int]
+    backward: set[int]
+    optimizer: set[int]
+    state_updates: set[int]  # variable writes outside the optimizer (batch-norm moving averages)
+    other: set[int]
+    loss: list[Tensor]
+    saved: list[SavedActivation] = field(default_factory=list)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.bytes or 0 for s in self.saved)
+
+    @property
+    def unknown_size(self) -> list[SavedActivation]:
+        return [s for s in self.saved if s.bytes is None]
+
+    def step_nodes(self, index: GraphIndex) -> set[int]:
+        """The ops one training step runs: everything the updates and the loss depend on."""
+        roots = self.backward | self.optimizer | self.state_updates | {t[0] for t in self.loss}
+        return _ancestors(index, roots, data_only=False)
+
+    def region_of(self, i: int) -> str:
+        for label, members in (("forward", self.forward), ("backward", self.backward),
+                               ("optimizer", self.optimizer),
+                               ("state_updates", self.state_updates)):
+            if i in members:
+                return label
+        return "other"
+
+
+def scope_matcher(scopes: tuple[str, ...] | list[str] | None):
+    patterns = [re.compile(s) for s in (scopes or DEFAULT_BACKWARD_SCOPES)]
+    return lambda name: any(p.search(name) for p in patterns)
+
+
+def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | None = None,
+                    loss_names: list[str] | None = None) -> Regions:
+    n = len(index)
+    in_scope = scope_matcher(backward_scopes)
+    seeds = [i for i in range(n) if in_scope(index.names[i])]
+    if not seeds:
+        raise InputError("found no backward ops (no gradients/ or gradient_tape/ scope); "
+                         "is this a training graph? (name the scope with --backward-scope)")
+    downstream = _reach(index, seeds, data_only=True)
+    writes = [i for i in downstream if is_state_write(index.ops[i])]
+    after_writes = _reach(index, writes, data_only=False)
+    backward = (set(seeds) | downstream) - after_writes
+    optimizer = after_writes - backward
+    forward = _ancestors(index, backward, data_only=True) - backward - optimizer
+    loss = _find_loss(index, forward, backward, optimizer, loss_names)
+    forward |= _ancestors(index, [t[0] for t in loss], data_only=True) - backward - optimizer
+    state_updates = {i for i in range(n) if is_state_write(index.ops[i])
+                     and any(s in forward and index.ops[s] not in VARIABLE_OPS
+                             for s, _ in index.data_inputs[i])} - optimizer - backward
+    forward -= state_updates
+    other = set(range(n)) - forward - backward - optimizer - state_updates
+    regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
+    regions.saved = saved_activations(index, regions, batch_size)
+    return regions
+
+
+def saved_activations(index: GraphIndex, regions: Regions,
+                      batch_size: int | None) -> list[SavedActivation]:
+    out = []
+    backward = regions.backward
+    for i in sorted(regions.forward, key=lambda j: index.position[j]):
+        if is_parameter_read(index, i):
+            continue
+        for k in range(index.num_outputs[i]):
+            readers = [c for c in index.consumers.get((i, k), ())
+                       if c in backward and index.ops[c] not in SHAPE_ONLY_OPS]
+            if not readers:
+                continue
+            shape, dtype = index.shape((i, k)), index.dtype((i, k))
+            out.append(SavedActivation((i, k), index.tensor_name((i, k)), shape, dtype,
+                                       nbytes(shape, dtype, batch_size), readers))
+    return out
+
+
+_SINK_READERS = frozenset({"_Retval", "ScalarSummary", "HistogramSummary", "Identity",
+                           "NoOp"}) | SHAPE_ONLY_OPS
+
+
+def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
+               optimizer: set[int], named: list[str] | None) -> list[Tensor]:
+    """The loss: named by the caller (the `losses` collection), or the scalar the forward pass
+    ends in: a float scalar computed from forward tensors whose value nothing else reads."""
+    if named:
+        found = [t for t in (index.tensor(n) for n in named) if t is not None]
+        if found:
+            return found
+    found = []
+    for i in index.topo:
+        if i in backward or i in optimizer or not index.data_inputs[i]:
+            continue
+        if index.ops[i] in VARIABLE_OPS or index.ops[i] in _SINK_READERS:
+            continue
+        if not all(s in forward for s, _ in index.data_inputs[i]):
+            continue
+        if index.shape((i, 0)) != [] or index.dtype((i, 0)) not in _FLOAT_TYPES:
+            continue
+        readers = index.consumers.get((i, 0), ())
+        if all(index.ops[r] in _SINK_READERS and r not in forward for r in readers):
+            found.append((i, 0))
+    return found[-1:]
+
+
+_FLOAT_TYPES = frozenset({1, 2, 14, 19})
+
+
+def _reach(index: GraphIndex, seeds, data_only: bool) -> set[int]:
+    seen = set(seeds)
+    queue = deque(seeds)
+    while queue:
+        i = queue.popleft()
+        nxt = index.data_consumers(i)
+        if not data_only:
+            nxt = nxt + index.control_consumers[i]
+        for j in nxt:
+            if j not in seen:
+                seen.add(j)
+                queue.append(j)
+    return seen
+
+
+def _ancestors(index: GraphIndex, seeds, data_only: bool) -> set[int]:
+    seen = set(seeds)
+    queue = deque(seeds)
+    while queue:
+        i = queue.popleft()
+        prev = [s for s, _ in index.data_inputs[i]]
+        if not data_only:
+            prev += index.control_inputs[i]
+        for j in prev:
+            if j not in seen:
+                seen.add(j)
+                queue.append(j)
+    return seen

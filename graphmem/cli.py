@@ -1,0 +1,177 @@
+"""The command line: `graphmem inspect`, `graphmem rewrite`, `graphmem verify`.
+
+Commands only parse options, call the analyses and passes, and hand results to a report.
+Errors a user can act on (GraphmemError) become one line on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import wraps
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from graphmem import __version__
+from graphmem.errors import GraphmemError
+
+FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def model_options(fn):
+    """Options that say which graph of a model file to read."""
+    fn = click.option("--format", "fmt", type=click.Choice(FORMATS),
+                      help="Input format (default: from the path and contents).")(fn)
+    fn = click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")(fn)
+    fn = click.option("--function", help="Work on this function of the graph's library "
+                                         "(TF2 train steps live there).")(fn)
+    fn = click.option("--batch-size", type=click.IntRange(min=1),
+                      help="Size of unknown leading (batch) dimensions.")(fn)
+    fn = click.option("--backward-scope", multiple=True, metavar="REGEX",
+                      help="Name scope(s) of the backward pass (default: gradients*/ and "
+                           "gradient_tape/). Repeatable.")(fn)
+    return fn
+
+
+def handles_errors(fn):
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GraphmemError as exc:
+            click.echo(f"graphmem: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except BrokenPipeError:  # output piped into `head` and the like
+            sys.stderr.close()
+            sys.exit(0)
+        except KeyboardInterrupt:
+            click.echo("graphmem: interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug: one line unless asked for the traceback
+            if os.environ.get("GRAPHMEM_DEBUG"):
+                raise
+            click.echo(f"graphmem: internal error: {type(exc).__name__}: {exc} "
+                       "(set GRAPHMEM_DEBUG=1 for a traceback)", err=True)
+            sys.exit(3)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="graphmem")
+def main() -> None:
+    """Rewrite TensorFlow training graphs so that training needs less memory."""
+
+
+def _open(model: str, fmt, tag, function):
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    loaded = load_model(Path(model), fmt, tag, function)
+    return Workspace.open(loaded)
+
+
+@main.command()
+@click.argument("model", type=click.Path())
+@model_options
+@click.option("--top", default=10, show_default=True, help="How many of the largest to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@handles_errors
+def inspect(model, fmt, tag, function, batch_size, backward_scope, top, as_json):
+    """Summarize a training graph: regions, saved activations, variables, memory."""
+    from graphmem.analysis.inspect import gather_facts
+
+    ws = _open(model, fmt, tag, function)
+    facts, _ = gather_facts(ws, batch_size, backward_scope or None, top)
+    if as_json:
+        from graphmem.report.json_out import emit
+
+        emit(facts)
+    else:
+        from graphmem.report.inspect_report import render_inspect
+
+        render_inspect(facts, _console())
+
+
+@main.command()
+@click.argument("model", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="Where to write the rewritten model (same format as the input).")
+@model_options
+@click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "none"]),
+              default="memory", show_default=True, help="How checkpoints are chosen.")
+@click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
+              help="Keep tensors whose name contains PATTERN or matches it as a regex "
+                   "(implies --policy names). Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@handles_errors
+def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
+            as_json):
+    """Rewrite a training graph to need less memory and write it to OUTPUT."""
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None)
+    result = rewrite_file(model, output, options, fmt, tag, function)
+    if as_json:
+        from graphmem.report.json_out import emit
+        from graphmem.report.rewrite_report import rewrite_document
+
+        emit(rewrite_document(result, str(output)))
+    else:
+        from graphmem.report.rewrite_report import render_rewrite
+
+        render_rewrite(result, str(output), _console())
+
+
+@main.command()
+@click.argument("original", type=click.Path())
+@click.argument("rewritten", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format of both.")
+@click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Training steps to run on each graph.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Size of unknown batch dimensions in random feeds.")
+@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy",
+              help="Feed a placeholder from a .npy file instead of random data.")
+@click.option("--train-op", help="The op one training step runs (default: `train_op` "
+                                 "collection, or the optimizer's last op).")
+@click.option("--loss", help="The loss tensor (default: `losses` collection, or found).")
+@click.option("--rtol", default=1e-5, show_default=True, help="Relative tolerance.")
+@click.option("--atol", default=1e-6, show_default=True, help="Absolute tolerance.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="inter_op_parallelism_threads for both sessions.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@handles_errors
+def verify(original, rewritten, fmt, tag, steps, batch_size, feeds, train_op, loss, rtol,
+           atol, threads, seed, as_json):
+    """Train ORIGINAL and REWRITTEN side by side; compare losses, variables and peak memory.
+
+    Exits 1 when training differs beyond the tolerances."""
+    from graphmem.errors import CheckFailed
+    from graphmem.runtime.train_runner import RunSpec, load_feed_files
+    from graphmem.runtime.verify import verify as run_verify
+
+    spec = RunSpec(train_op, loss, None, batch_size, load_feed_files(list(feeds)), seed, threads)
+    result = run_verify(original, rewritten, spec, steps, rtol, atol, fmt, tag)
+    if as_json:
+        from graphmem.report.json_out import emit
+        from graphmem.report.verify_report import verify_document
+
+        emit(verify_document(result))
+    else:
+        from graphmem.report.verify_report import render_verify
+
+        render_verify(result, _console())
+    if not result.same_training:
+        raise CheckFailed("training differs: " + "; ".join(result.mismatches[:3]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,85 @@
+"""Write a LoadedModel back in its own format, atomically.
+
+A failure at any point leaves no partial output: files go to a temporary name in the target's
+directory and are renamed into place; a SavedModel is assembled in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from graphmem import protos
+from graphmem.errors import InputError
+from graphmem.formats.model import Format, LoadedModel
+
+# fingerprint.pb hashes saved_model.pb; a rewritten graph would make it lie, so it is dropped.
+_STALE_WHEN_REWRITTEN = {"fingerprint.pb"}
+
+
+def serialize(model: LoadedModel) -> bytes:
+    if model.format.is_text or (model.format == Format.SAVED_MODEL and model.saved_model_text):
+        return protos.to_text(model.container).encode("utf-8")
+    return model.container.SerializeToString()
+
+
+def write_atomic(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_model(model: LoadedModel, out: str | Path, rewritten: bool = True) -> Path:
+    out = Path(out)
+    if model.format != Format.SAVED_MODEL:
+        if out.is_dir():
+            raise InputError(f"output {out} is a directory; give a file name")
+        write_atomic(out, serialize(model))
+        return out
+    return _save_saved_model(model, out, rewritten)
+
+
+def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool) -> Path:
+    source = model.path
+    if out.resolve() == source.resolve():
+        raise InputError("refusing to overwrite the input SavedModel; choose another -o")
+    if out.exists() and not (out.is_dir() and _is_saved_model_dir(out)):
+        raise InputError(f"output {out} exists and is not a SavedModel directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        pb_name = "saved_model.pbtxt" if model.saved_model_text else "saved_model.pb"
+        for entry in source.iterdir():
+            if entry.name in ("saved_model.pb", "saved_model.pbtxt"):
+                continue
+            if rewritten and entry.name in _STALE_WHEN_REWRITTEN:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, staging / entry.name)
+            else:
+                shutil.copy2(entry, staging / entry.name)
+        (staging / pb_name).write_bytes(serialize(model))
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _is_saved_model_dir(path: Path) -> bool:
+    return any((path / n).exists() for n in ("saved_model.pb", "saved_model.pbtxt"))

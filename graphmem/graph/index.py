@@ -1,0 +1,250 @@
+"""One linear-time index over a GraphDef: the structure every analysis and pass reads.
+
+Nodes are numbered in file order; tensors are (node id, output index) pairs. Data edges,
+control edges, consumers, a topological order, control-flow frames and per-node facts
+(device, statefulness, output dtypes and static shapes) are computed once, here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+from graphmem.errors import InputError
+from graphmem.graph import dtypes
+from graphmem.graph.names import parse_input
+from graphmem.graph.opdefs import OpRegistry
+
+Tensor = tuple[int, int]
+
+CONTROL_FLOW_V1 = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
+                             "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
+                             "LoopCond"})
+CONTROL_FLOW_V2 = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
+                             "StatelessCase"})
+VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable",
+                          "_VarHandlesOp"})
+SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
+                            "TensorShape"})
+
+
+@dataclass
+class GraphIndex:
+    graph_def: Message
+    registry: OpRegistry
+    names: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    id_of: dict[str, int] = field(default_factory=dict)
+    data_inputs: list[list[Tensor]] = field(default_factory=list)
+    control_inputs: list[list[int]] = field(default_factory=list)
+    consumers: dict[Tensor, list[int]] = field(default_factory=dict)
+    control_consumers: list[list[int]] = field(default_factory=list)
+    num_outputs: list[int] = field(default_factory=list)
+    out_dtypes: list[list[int] | None] = field(default_factory=list)
+    out_shapes: list[list[list[int] | None] | None] = field(default_factory=list)
+    stateful: list[bool] = field(default_factory=list)
+    topo: list[int] = field(default_factory=list)
+    position: list[int] = field(default_factory=list)
+    frame: list[str] = field(default_factory=list)
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def build(cls, graph_def: Message, registry: OpRegistry) -> GraphIndex:
+        idx = cls(graph_def, registry)
+        nodes = graph_def.node
+        for i, node in enumerate(nodes):
+            if node.name in idx.id_of:
+                raise InputError(f"the graph has two nodes named {node.name!r}")
+            idx.id_of[node.name] = i
+            idx.names.append(node.name)
+            idx.ops.append(node.op)
+            idx.devices.append(node.device)
+        n = len(nodes)
+        idx.control_consumers = [[] for _ in range(n)]
+        max_out = [0] * n
+        id_of, consumers = idx.id_of, idx.consumers
+        for i, node in enumerate(nodes):
+            data: list[Tensor] = []
+            ctrl: list[int] = []
+            for text in node.input:
+                src_name, k, is_ctrl = parse_input(text)
+                src = id_of.get(src_name)
+                if src is None:
+                    raise InputError(f"node {node.name!r} reads {text!r}, which is not in the graph")
+                if is_ctrl:
+                    ctrl.append(src)
+                    idx.control_consumers[src].append(i)
+                else:
+                    data.append((src, k))
+                    consumers.setdefault((src, k), []).append(i)
+                    if k + 1 > max_out[src]:
+                        max_out[src] = k + 1
+            idx.data_inputs.append(data)
+            idx.control_inputs.append(ctrl)
+        op_stateful: dict[str, bool] = {}
+        for i, node in enumerate(nodes):
+            if node.op not in op_stateful:
+                op_stateful[node.op] = registry.is_stateful(node.op)
+            idx.stateful.append(op_stateful[node.op])
+            types = registry.output_dtypes(node)
+            shapes = _output_shapes(node)
+            if types is None:
+                types = _guess_dtypes(node, max(max_out[i], len(shapes or ())))
+            idx.out_dtypes.append(types)
+            idx.out_shapes.append(shapes)
+            count = len(types) if types is not None else 0
+            idx.num_outputs.append(max(count, max_out[i], len(shapes or ())))
+        idx._toposort()
+        idx._frames()
+        return idx
+
+    def _toposort(self) -> None:
+        """Kahn's algorithm over data and control edges, ignoring loop back edges."""
+        n = len(self.names)
+        indeg = [0] * n
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            if self.ops[i] in ("Merge", "RefMerge"):
+                preds = [s for s, _ in self.data_inputs[i]
+                         if self.ops[s] not in ("NextIteration", "RefNextIteration")]
+            else:
+                preds = [s for s, _ in self.data_inputs[i]]
+            preds += self.control_inputs[i]
+            for s in preds:
+                succ[s].append(i)
+            indeg[i] = len(preds)
+        ready = deque(i for i in range(n) if indeg[i] == 0)
+        order: list[int] = []
+        while ready:
+            i = ready.popleft()
+            order.append(i)
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    ready.append(j)
+        if len(order) != n:
+            stuck = next(self.names[i] for i in range(n) if indeg[i] > 0)
+            raise InputError(f"the graph has a cycle outside any loop (through {stuck!r})")
+        self.topo = order
+        self.position = [0] * n
+        for pos, i in enumerate(order):
+            self.position[i] = pos
+
+    def _frames(self) -> None:
+        """Control-flow v1 frame of each node ('' outside loops), propagated in topo order."""
+        nodes = self.graph_def.node
+        frame = [""] * len(self.names)
+        parent: dict[str, str] = {}
+        for i in self.topo:
+            op = self.ops[i]
+            ins = self.data_inputs[i]
+            src_frame = frame[ins[0][0]] if ins else (
+                frame[self.control_inputs[i][0]] if self.control_inputs[i] else "")
+            if op in ("Enter", "RefEnter"):
+                child = src_frame + "/" + nodes[i].attr["frame_name"].s.decode("utf-8", "replace")
+                parent[child] = src_frame
+                frame[i] = child
+            elif op in ("Exit", "RefExit"):
+                frame[i] = parent.get(src_frame, "")
+            else:
+                frame[i] = src_frame
+        self.frame = frame
+
+    # ---- queries ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def node(self, i: int) -> Message:
+        return self.graph_def.node[i]
+
+    def tensor_name(self, t: Tensor) -> str:
+        return f"{self.names[t[0]]}:{t[1]}"
+
+    def tensor(self, name: str) -> Tensor | None:
+        node, k, ctrl = parse_input(name)
+        i = self.id_of.get(node)
+        if i is None or ctrl or k >= max(self.num_outputs[i], 1):
+            return None
+        return (i, k)
+
+    def dtype(self, t: Tensor) -> int | None:
+        types = self.out_dtypes[t[0]]
+        return types[t[1]] if types is not None and t[1] < len(types) else None
+
+    def shape(self, t: Tensor) -> list[int] | None:
+        shapes = self.out_shapes[t[0]]
+        return shapes[t[1]] if shapes is not None and t[1] < len(shapes) else None
+
+    def outputs(self, i: int) -> list[Tensor]:
+        return [(i, k) for k in range(self.num_outputs[i])]
+
+    def data_consumers(self, i: int) -> list[int]:
+        out: list[int] = []
+        for k in range(self.num_outputs[i]):
+            out.extend(self.consumers.get((i, k), ()))
+        return out
+
+    def is_control_flow(self, i: int) -> bool:
+        return self.ops[i] in CONTROL_FLOW_V1 or self.ops[i] in CONTROL_FLOW_V2
+
+    def in_loop(self, i: int) -> bool:
+        return bool(self.frame[i])
+
+    def set_shapes(self, shapes: dict[str, list[list[int] | None]],
+                   types: dict[str, list[int]]) -> None:
+        """Fill shapes (and dtypes) found by TensorFlow's shape inference."""
+        for name, value in shapes.items():
+            i = self.id_of.get(name)
+            if i is None:
+                continue
+            if self.out_shapes[i] is None:
+                self.out_shapes[i] = value
+            if self.out_dtypes[i] is None and name in types:
+                self.out_dtypes[i] = types[name]
+                self.num_outputs[i] = max(self.num_outputs[i], len(types[name]))
+
+    def has_shapes(self) -> bool:
+        return any(s is not None for s in self.out_shapes)
+
+    def frames(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for f in self.frame:
+            if f:
+                counts[f] = counts.get(f, 0) + 1
+        return counts
+
+
+def _output_shapes(node: Message) -> list[list[int] | None] | None:
+    if "_output_shapes" not in node.attr:
+        return None
+    out: list[list[int] | None] = []
+    for shape in node.attr["_output_shapes"].list.shape:
+        out.append(None if shape.unknown_rank else [d.size for d in shape.dim])
+    return out
+
+
+def _guess_dtypes(node: Message, count: int) -> list[int] | None:
+    for key in ("T", "dtype", "out_type", "DstT"):
+        if key in node.attr and node.attr[key].type:
+            return [node.attr[key].type] * max(count, 1)
+    return None
+
+
+def nbytes(shape: list[int] | None, dtype: int | None, batch_size: int | None = None) -> int | None:
+    """Bytes of a tensor of static `shape`; an unknown leading dim takes `batch_size`."""
+    if shape is None or dtype is None:
+        return None
+    size = dtypes.itemsize(dtype)
+    if size is None:
+        return None
+    total = size
+    for axis, d in enumerate(shape):
+        if d < 0:
+            if batch_size is None or axis != 0:
+                return None
+            d = batch_size
+        total *= d
+    return total

@@ -1,0 +1,204 @@
+"""Recompute pass: keep only checkpoints alive until the backward pass, recompute the rest.
+
+For each segment (the forward ops after one checkpoint and up to the next), the ops that the
+backward pass needs from it are copied, reading checkpoints and kept tensors at the
+segment's boundary; the backward ops that read those activations are pointed at the copies.
+The copies are held back by control edges from triggers: the backward ops that feed the
+segment's backward consumers and do not depend on them, i.e. the gradient arriving from the
+later segments. A trigger never depends on the copies it holds back, so no cycle can form.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+
+from graphmem.analysis.activations import ForwardFacts
+from graphmem.analysis.regions import Regions, is_state_write
+from graphmem.graph import dtypes
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor
+from graphmem.graph.names import input_string, parse_input
+
+COPY_SCOPE = "graphmem_recompute"
+# read only their input's shape and dtype: leave them on the original tensor
+NO_DATA_READERS = SHAPE_ONLY_OPS | {"ZerosLike", "OnesLike"}
+
+
+@dataclass
+class Segment:
+    index: int
+    checkpoint: str | None  # the checkpoint the segment starts after (None: the first one)
+    targets: list[str]  # activations recomputed for the backward pass
+    copied_ops: int
+    triggers: list[str]
+
+
+@dataclass
+class RecomputePlan:
+    segments: list[Segment] = field(default_factory=list)
+    copied_ops: int = 0
+    rewired_inputs: int = 0
+    kept_blocked: dict[str, int] = field(default_factory=dict)  # why -> saved tensors kept
+    not_held_back: list[int] = field(default_factory=list)  # segments without a trigger
+    update_guards: int = 0  # control edges that keep ref-variable writes after their copies
+
+
+def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
+                    checkpoints: list[Tensor]) -> RecomputePlan:
+    """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it."""
+    plan = RecomputePlan()
+    keep = set(checkpoints)
+    recomputable = facts.recomputable
+    for s in regions.saved:
+        i = s.tensor[0]
+        if i not in recomputable and i in facts.blocked:
+            why = facts.blocked[i]
+            plan.kept_blocked[why] = plan.kept_blocked.get(why, 0) + 1
+    targets = [s for s in regions.saved
+               if s.tensor[0] in recomputable and s.tensor not in keep]
+    if not targets:
+        return plan
+    cut_positions = sorted(index.position[t[0]] for t in checkpoints)
+    cut_names = {index.position[t[0]]: index.tensor_name(t) for t in checkpoints}
+    by_segment: dict[int, list] = {}
+    for s in targets:
+        seg = bisect_right(cut_positions, index.position[s.tensor[0]])
+        by_segment.setdefault(seg, []).append(s)
+    g = index.graph_def
+    new_nodes = []
+    rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
+    for seg in sorted(by_segment):
+        seg_targets = by_segment[seg]
+        needed = _ops_to_copy(index, [s.tensor for s in seg_targets], keep, recomputable)
+        copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
+        for i in sorted(needed, key=index.position.__getitem__):
+            new_nodes.append(_copy_node(index, i, copy_name))
+        consumers: set[int] = set()
+        for s in seg_targets:
+            new_input = input_string(copy_name[s.tensor[0]], s.tensor[1])
+            for c in s.consumers:
+                if index.ops[c] in NO_DATA_READERS:
+                    continue
+                for slot, text in enumerate(g.node[c].input):
+                    name, k, ctrl = parse_input(text)
+                    if not ctrl and index.id_of[name] == s.tensor[0] and k == s.tensor[1]:
+                        rewires.setdefault(c, {})[slot] = new_input
+                        consumers.add(c)
+        triggers = _triggers(index, regions, consumers)
+        copies = set(copy_name.values())
+        roots = [n for n in new_nodes[-len(needed):]
+                 if not any(parse_input(x)[0] in copies for x in n.input)]
+        for node in roots:
+            node.input.extend("^" + index.names[t] for t in triggers)
+        if not triggers:
+            plan.not_held_back.append(seg)
+        plan.update_guards += _guard_ref_updates(index, regions, needed, copy_name)
+        start = cut_positions[seg - 1] if seg > 0 else None
+        plan.segments.append(Segment(
+            seg, cut_names.get(start) if start is not None else None,
+            [s.name for s in seg_targets], len(needed),
+            [index.names[t] for t in sorted(triggers)]))
+        plan.copied_ops += len(needed)
+    for c, slots in rewires.items():
+        node = g.node[c]
+        for slot, text in slots.items():
+            node.input[slot] = text
+            plan.rewired_inputs += 1
+    g.node.extend(new_nodes)
+    return plan
+
+
+def _ops_to_copy(index: GraphIndex, targets: list[Tensor], keep: set[Tensor],
+                 recomputable: set[int]) -> set[int]:
+    """The recomputable ops the targets need, walking back until kept tensors."""
+    needed: set[int] = set()
+    stack = [t[0] for t in targets]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        for s, k in index.data_inputs[i]:
+            if s in recomputable and (s, k) not in keep and s not in needed:
+                stack.append(s)
+    return needed
+
+
+def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str]):
+    node = index.graph_def.node[i].__class__()
+    node.CopyFrom(index.graph_def.node[i])
+    node.name = copy_name[i]
+    del node.input[:]
+    for text in index.graph_def.node[i].input:
+        name, k, ctrl = parse_input(text)
+        j = index.id_of[name]
+        if j in copy_name:
+            node.input.append("^" + copy_name[j] if ctrl else input_string(copy_name[j], k))
+        else:
+            node.input.append(text)
+    return node
+
+
+def _triggers(index: GraphIndex, regions: Regions, consumers: set[int]) -> set[int]:
+    """The nearest backward ancestors of `consumers` that do not depend on them.
+
+    Walking up from the consumers, a backward op that depends on a consumer is passed
+    through; the first ones that do not are the triggers. Only ops placed before the last
+    consumer can be ancestors, which bounds both walks.
+    """
+    backward = regions.backward
+    horizon = max(index.position[c] for c in consumers)
+    downstream = set(consumers)
+    queue = deque(consumers)
+    while queue:
+        i = queue.popleft()
+        for j in index.data_consumers(i) + index.control_consumers[i]:
+            if j not in downstream and index.position[j] <= horizon:
+                downstream.add(j)
+                queue.append(j)
+    triggers: set[int] = set()
+    seen = set(consumers)
+    queue = deque(consumers)
+    while queue:
+        i = queue.popleft()
+        for s, _ in index.data_inputs[i]:
+            if s in seen or s not in backward:
+                continue
+            seen.add(s)
+            if s in downstream:
+                queue.append(s)
+            else:
+                triggers.add(s)
+    return triggers
+
+
+def _guard_ref_updates(index: GraphIndex, regions: Regions, needed: set[int],
+                       copy_name: dict[int, str]) -> int:
+    """A copy reading a ref variable's value must run before the optimizer writes it."""
+    added = 0
+    g = index.graph_def
+    for i in needed:
+        for s, k in index.data_inputs[i]:
+            var = _ref_variable_behind(index, s, k)
+            if var is None:
+                continue
+            for w in index.data_consumers(var):
+                if is_state_write(index.ops[w]) and w in regions.optimizer:
+                    g.node[w].input.append("^" + copy_name[i])
+                    added += 1
+    return added
+
+
+def _ref_variable_behind(index: GraphIndex, s: int, k: int) -> int | None:
+    """The ref variable whose buffer tensor (s, k) aliases, if any (`w/read` Identities)."""
+    seen = 0
+    while seen < 8:
+        if index.ops[s] in VARIABLE_OPS:
+            dt = index.dtype((s, k))
+            return s if dt is None or dtypes.is_ref(dt) else None
+        if index.ops[s] not in ("Identity", "RefIdentity") or not index.data_inputs[s]:
+            return None
+        s, k = index.data_inputs[s][0]
+        seen += 1
+    return None

@@ -1,0 +1,64 @@
+"""The rich terminal view of InspectFacts."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from graphmem.analysis.inspect import InspectFacts
+from graphmem.units import format_bytes, format_shape
+
+
+def render_inspect(facts: InspectFacts, console: Console) -> None:
+    m = facts.model
+    where = m["path"] + f"  [dim]{m['format']}"
+    if m["tags"]:
+        where += f", tags {','.join(m['tags'])}"
+    if m["function"]:
+        where += f", function {m['function']}"
+    console.print(f"[bold]{where}[/]")
+    r = facts.regions
+    console.print(
+        f"{facts.nodes} nodes: {r['forward']} forward, {r['backward']} backward, "
+        f"{r['optimizer']} optimizer, {r['state_updates']} state updates, {r['other']} other")
+    console.print(f"loss: {', '.join(facts.loss) or '[yellow]not found[/]'}")
+    sa = facts.saved_activations
+    batch = f" (batch {facts.batch_size})" if facts.batch_size else ""
+    console.print(
+        f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
+        f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
+        f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})")
+
+    t = Table(title=f"saved activations: {sa['count']} tensors, "
+                    f"{format_bytes(sa['total_bytes'])}", title_justify="left")
+    t.add_column("tensor")
+    t.add_column("shape")
+    t.add_column("dtype")
+    t.add_column("bytes", justify="right")
+    for s in sa["largest"]:
+        t.add_row(s.name, format_shape(s.shape), s.dtype, format_bytes(s.bytes))
+    console.print(t)
+
+    ops = Table(title="most frequent op types", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, count in facts.top_op_types:
+        ops.add_row(op, str(count))
+    v = facts.variables
+    var = Table(title=f"variables: {v['count']}, {format_bytes(v['total_bytes'])}",
+                title_justify="left")
+    var.add_column("variable")
+    var.add_column("shape")
+    var.add_column("bytes", justify="right")
+    for x in v["largest"][:5]:
+        var.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
+    console.print(ops)
+    console.print(var)
+    console.print("devices: " + ", ".join(f"{d} ({n})" for d, n in facts.devices.items()))
+    cf = facts.control_flow
+    if cf["v1_frames"] or cf["v2_ops"]:
+        console.print(f"control flow: {len(cf['v1_frames'])} v1 loop frames, "
+                      f"{len(cf['v2_ops'])} v2 While/If ops")
+    for u in facts.untouched:
+        ex = f" (e.g. {', '.join(u.examples[:3])})" if u.examples else ""
+        console.print(f"[yellow]not touched[/]: {u.count} {u.what}: {u.why}{ex}")

@@ -1,0 +1,75 @@
+"""Presenting a RewriteResult: rich tables for people, one JSON document for pipelines."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from graphmem.rewrite import RewriteResult
+from graphmem.units import format_bytes, format_shape
+
+
+def rewrite_document(result: RewriteResult, output: str) -> dict:
+    plan, choice = result.plan, result.choice
+    return {
+        "model": str(result.model.path),
+        "output": output,
+        "format": result.model.format.value,
+        "function": result.model.function_name,
+        "policy": choice.policy,
+        "policy_note": choice.note,
+        "fallback": choice.fallback,
+        "checkpoints": [c.name for c in result.checkpoints],
+        "checkpoint_details": result.checkpoints,
+        "copied_ops": plan.copied_ops,
+        "rewired_inputs": plan.rewired_inputs,
+        "segments": plan.segments,
+        "segments_not_held_back": plan.not_held_back,
+        "kept_not_recomputable": plan.kept_blocked,
+        "update_guards": plan.update_guards,
+        "nodes": {"before": result.nodes_before, "after": result.nodes_after},
+        "before": {"estimated_peak_bytes": result.before.peak_bytes,
+                   "persistent_bytes": result.before.persistent_bytes},
+        "after": {"estimated_peak_bytes": result.after.peak_bytes,
+                  "persistent_bytes": result.after.persistent_bytes},
+    }
+
+
+def render_rewrite(result: RewriteResult, output: str, console: Console) -> None:
+    plan, choice = result.plan, result.choice
+    console.print(f"[bold]{result.model.path}[/] -> [bold]{output}[/]")
+    console.print(f"policy [bold]{choice.policy}[/]: {choice.note}")
+    if choice.unmatched:
+        console.print(f"[yellow]not found or not recomputable[/]: {', '.join(choice.unmatched)}")
+    t = Table(title=f"checkpoints: {len(result.checkpoints)}", title_justify="left")
+    t.add_column("tensor")
+    t.add_column("shape")
+    t.add_column("bytes", justify="right")
+    for c in result.checkpoints:
+        t.add_row(c.name, format_shape(c.shape), format_bytes(c.bytes))
+    if result.checkpoints:
+        console.print(t)
+    s = Table(title=f"recompute: {plan.copied_ops} ops copied in {len(plan.segments)} segments, "
+                    f"{plan.rewired_inputs} backward inputs rewired", title_justify="left")
+    s.add_column("segment", justify="right")
+    s.add_column("after checkpoint")
+    s.add_column("recomputed", justify="right")
+    s.add_column("copied ops", justify="right")
+    s.add_column("held back by")
+    for seg in plan.segments:
+        trig = ", ".join(seg.triggers[:2]) + (" ..." if len(seg.triggers) > 2 else "")
+        s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
+                  str(seg.copied_ops), trig or "[red]nothing[/]")
+    if plan.segments:
+        console.print(s)
+    for why, count in plan.kept_blocked.items():
+        console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
+    if plan.not_held_back:
+        console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
+                      "copies may run during the forward pass and save nothing")
+    b, a = result.before, result.after
+    ratio = a.peak_bytes / b.peak_bytes if b.peak_bytes else 1.0
+    console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
+                  f"[bold]{format_bytes(a.peak_bytes)}[/] ({ratio:.2f}x), persistent "
+                  f"{format_bytes(a.persistent_bytes)}; nodes {result.nodes_before} -> "
+                  f"{result.nodes_after}")

@@ -1,0 +1,50 @@
+"""Presenting a VerifyResult."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from graphmem.runtime.verify import VerifyResult
+from graphmem.units import format_bytes
+
+
+def verify_document(r: VerifyResult) -> dict:
+    def run(g):
+        return {"path": g.path, "losses": [s.loss for s in g.steps],
+                "measured_peak_bytes": g.measured_peak_bytes,
+                "step_peaks_bytes": [s.peak_bytes for s in g.steps],
+                "median_step_seconds": g.median_step_seconds}
+
+    return {"same_training": r.same_training, "original": run(r.original),
+            "rewritten": run(r.rewritten), "max_loss_diff": r.max_loss_diff,
+            "max_variable_diff": r.max_variable_diff, "worst_variable": r.worst_variable,
+            "variables_compared": r.variables_compared, "rtol": r.rtol, "atol": r.atol,
+            "inter_op_threads": r.inter_op_threads, "mismatches": r.mismatches}
+
+
+def render_verify(r: VerifyResult, console: Console) -> None:
+    t = Table(title=f"{len(r.original.steps)} training steps, inter-op threads "
+                    f"{r.inter_op_threads}", title_justify="left")
+    t.add_column("step", justify="right")
+    t.add_column("loss (original)", justify="right")
+    t.add_column("loss (rewritten)", justify="right")
+    t.add_column("peak (original)", justify="right")
+    t.add_column("peak (rewritten)", justify="right")
+    for k, (a, b) in enumerate(zip(r.original.steps, r.rewritten.steps, strict=True)):
+        t.add_row(str(k + 1), f"{a.loss:.7g}", f"{b.loss:.7g}", format_bytes(a.peak_bytes),
+                  format_bytes(b.peak_bytes))
+    console.print(t)
+    pa, pb = r.original.measured_peak_bytes, r.rewritten.measured_peak_bytes
+    ratio = pb / pa if pa else 1.0
+    ta, tb = r.original.median_step_seconds, r.rewritten.median_step_seconds
+    console.print(f"measured step peak (median, first step excluded): {format_bytes(pa)} -> "
+                  f"[bold]{format_bytes(pb)}[/] ({ratio:.2f}x); step time "
+                  f"{ta * 1000:.1f} ms -> {tb * 1000:.1f} ms ({tb / ta if ta else 1:.2f}x)")
+    console.print(f"{r.variables_compared} variables compared; max difference: loss "
+                  f"{r.max_loss_diff:.3g}, variables {r.max_variable_diff:.3g}"
+                  + (f" ({r.worst_variable})" if r.worst_variable else ""))
+    if r.same_training:
+        console.print(f"[green]same training[/] (rtol {r.rtol:g}, atol {r.atol:g})")
+    else:
+        console.print(f"[red]training differs[/]: {'; '.join(r.mismatches[:5])}")

@@ -1,0 +1,86 @@
+"""The rewrite driver: analyses, then passes, then a result for the report.
+
+Kept apart from the CLI so tests and benchmarks run the same sequence the command runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphmem.analysis.activations import analyze_forward
+from graphmem.analysis.memory import MemoryEstimate, estimate_memory
+from graphmem.analysis.regions import analyze_regions
+from graphmem.formats import LoadedModel, load_model, save_model
+from graphmem.graph import dtypes
+from graphmem.graph.workspace import Workspace
+from graphmem.passes.checkpoints import CheckpointChoice, choose_checkpoints
+from graphmem.passes.recompute import RecomputePlan, apply_recompute
+
+
+@dataclass
+class CheckpointFact:
+    name: str
+    shape: list[int] | None
+    dtype: str
+    bytes: int | None
+
+
+@dataclass
+class RewriteOptions:
+    policy: str = "memory"
+    checkpoint_patterns: list[str] = field(default_factory=list)
+    batch_size: int | None = None
+    backward_scopes: list[str] | None = None
+
+
+@dataclass
+class RewriteResult:
+    model: LoadedModel
+    choice: CheckpointChoice
+    checkpoints: list[CheckpointFact]
+    plan: RecomputePlan
+    before: MemoryEstimate
+    after: MemoryEstimate
+    nodes_before: int
+    nodes_after: int
+
+
+def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
+    index = ws.index
+    regions = analyze_regions(index, options.backward_scopes, options.batch_size,
+                              ws.collection("losses"))
+    facts = analyze_forward(index, regions)
+    before = estimate_memory(index, options.batch_size, nodes=regions.step_nodes(index))
+    choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
+                                options.checkpoint_patterns, ws.collection("checkpoints"))
+    checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
+                                  dtypes.name(index.dtype(t) or 0),
+                                  _bytes(index, t, options.batch_size))
+                   for t in choice.tensors]
+    nodes_before = len(index)
+    plan = RecomputePlan()
+    if choice.policy != "none":
+        plan = apply_recompute(index, regions, facts, choice.tensors)
+    new_index = ws.reindex()
+    new_regions = analyze_regions(new_index, options.backward_scopes, options.batch_size,
+                                  ws.collection("losses"))
+    after = estimate_memory(new_index, options.batch_size,
+                            nodes=new_regions.step_nodes(new_index))
+    ws.commit()
+    return RewriteResult(ws.model, choice, checkpoints, plan, before, after, nodes_before,
+                         len(new_index))
+
+
+def _bytes(index, t, batch_size):
+    from graphmem.graph.index import nbytes
+
+    return nbytes(index.shape(t), index.dtype(t), batch_size)
+
+
+def rewrite_file(model_path: str | Path, out: str | Path, options: RewriteOptions,
+                 fmt=None, tag=None, function=None) -> RewriteResult:
+    ws = Workspace.open(load_model(model_path, fmt, tag, function))
+    result = rewrite_workspace(ws, options)
+    save_model(ws.model, out)
+    return result

@@ -1,0 +1,86 @@
+"""`graphmem verify`: do two graphs train the same, and what does each really allocate?"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphmem.formats import load_model
+from graphmem.graph.workspace import Workspace
+from graphmem.runtime.train_runner import GraphRunner, RunSpec, StepRecord, make_feeds
+
+
+@dataclass
+class GraphRun:
+    path: str
+    steps: list[StepRecord]
+
+    @property
+    def measured_peak_bytes(self) -> int:
+        """Median step peak, the first step (one-time allocations) left out."""
+        peaks = [s.peak_bytes for s in self.steps[1:]] or [s.peak_bytes for s in self.steps]
+        return int(statistics.median(peaks))
+
+    @property
+    def median_step_seconds(self) -> float:
+        times = [s.seconds for s in self.steps[1:]] or [s.seconds for s in self.steps]
+        return statistics.median(times)
+
+
+@dataclass
+class VerifyResult:
+    original: GraphRun
+    rewritten: GraphRun
+    max_loss_diff: float
+    max_variable_diff: float
+    worst_variable: str | None
+    variables_compared: int
+    rtol: float
+    atol: float
+    inter_op_threads: int
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def same_training(self) -> bool:
+        return not self.mismatches
+
+
+def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float,
+           atol: float, fmt=None, tag=None, function=None) -> VerifyResult:
+    ws_a = Workspace.open(load_model(original, fmt, tag, function))
+    ws_b = Workspace.open(load_model(rewritten, fmt, tag, function))
+    a = GraphRunner(ws_a, spec)
+    b = GraphRunner(ws_b, spec)
+    try:
+        a.initialize()
+        b.initialize()
+        b.load_variables(a.variables())
+        runs_a, runs_b = [], []
+        mismatches = []
+        max_loss = 0.0
+        for step in range(steps):
+            feeds = make_feeds(a.index, a.regions, spec, step)
+            ra, rb = a.step(feeds), b.step(feeds)
+            runs_a.append(ra)
+            runs_b.append(rb)
+            diff = abs(ra.loss - rb.loss)
+            max_loss = max(max_loss, diff)
+            if not np.isclose(rb.loss, ra.loss, rtol=rtol, atol=atol):
+                mismatches.append(f"step {step + 1}: loss {ra.loss!r} vs {rb.loss!r}")
+        va, vb = a.variables(), b.variables()
+    finally:
+        a.close()
+        b.close()
+    worst, max_var = None, 0.0
+    for name, value in va.items():
+        other = vb[name]
+        d = float(np.max(np.abs(value.astype(np.float64) - other.astype(np.float64)))) \
+            if value.size else 0.0
+        if d > max_var or worst is None:
+            worst, max_var = (name, d) if d >= max_var else (worst, max_var)
+        if not np.allclose(other, value, rtol=rtol, atol=atol):
+            mismatches.append(f"variable {name} differs by up to {d:.3g}")
+    return VerifyResult(GraphRun(original, runs_a), GraphRun(rewritten, runs_b), max_loss,
+                        max_var, worst, len(va), rtol, atol, spec.inter_op_threads, mismatches)
