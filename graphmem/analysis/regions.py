@@ -99,9 +99,11 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     forward = _ancestors(index, backward, data_only=True) - backward - optimizer
     loss = _find_loss(index, forward, backward, optimizer, loss_names)
     forward |= _ancestors(index, [t[0] for t in loss], data_only=True) - backward - optimizer
-    state_updates = {i for i in range(n) if is_state_write(index.ops[i])
-                     and any(s in forward and index.ops[s] not in VARIABLE_OPS
-                             for s, _ in index.data_inputs[i])} - optimizer - backward
+    # writes fed by the forward pass outside the optimizer: batch-norm moving averages
+    activations = [i for i in forward if not is_parameter_read(index, i)]
+    fed = _reach(index, activations, data_only=True) - forward - backward - optimizer
+    writes_fed = [i for i in fed if is_state_write(index.ops[i])]
+    state_updates = _ancestors(index, writes_fed, data_only=True) & fed
     forward -= state_updates
     other = set(range(n)) - forward - backward - optimizer - state_updates
     regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
@@ -133,26 +135,44 @@ _SINK_READERS = frozenset({"_Retval", "ScalarSummary", "HistogramSummary", "Iden
 
 def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
                optimizer: set[int], named: list[str] | None) -> list[Tensor]:
-    """The loss: named by the caller (the `losses` collection), or the scalar the forward pass
-    ends in: a float scalar computed from forward tensors whose value nothing else reads."""
-    if named:
-        found = [t for t in (index.tensor(n) for n in named) if t is not None]
-        if found:
-            return found
+    """The loss: a float scalar computed from the forward pass that nothing else reads.
+
+    Among several such scalars (metrics, loss terms), the one the backward pass names as the
+    start of a gradient (`gradients/<loss>_grad/`) wins, else the last one. Without any, the
+    names given (the `losses` collection, which in TF1 lists terms rather than their sum).
+    """
+    activations = [i for i in forward if not is_parameter_read(index, i)]
+    after = _reach(index, activations, data_only=True) - backward - optimizer
     found = []
     for i in index.topo:
-        if i in backward or i in optimizer or not index.data_inputs[i]:
+        if i not in after or not index.data_inputs[i]:
             continue
-        if index.ops[i] in VARIABLE_OPS or index.ops[i] in _SINK_READERS:
-            continue
-        if not all(s in forward for s, _ in index.data_inputs[i]):
+        if index.ops[i] in VARIABLE_OPS or (index.ops[i] in _SINK_READERS
+                                             and index.ops[i] != "Identity"):
             continue
         if index.shape((i, 0)) != [] or index.dtype((i, 0)) not in _FLOAT_TYPES:
             continue
         readers = index.consumers.get((i, 0), ())
         if all(index.ops[r] in _SINK_READERS and r not in forward for r in readers):
             found.append((i, 0))
-    return found[-1:]
+    if found:
+        graded = _gradient_targets(index, backward)
+        named_by_grad = [t for t in found if index.names[t[0]] in graded]
+        return (named_by_grad or found)[-1:]
+    return [t for t in (index.tensor(n) for n in named or []) if t is not None]
+
+
+def _gradient_targets(index: GraphIndex, backward: set[int]) -> set[str]:
+    """Forward op names that TF1 gradient scopes are named after (`gradients/<op>_grad/`)."""
+    out = set()
+    for i in backward:
+        name = index.names[i]
+        cut = name.find("_grad/")
+        if cut > 0:
+            head = name[:cut]
+            slash = head.find("/")
+            out.add(head[slash + 1:] if slash >= 0 else head)
+    return out
 
 
 _FLOAT_TYPES = frozenset({1, 2, 14, 19})

@@ -99,6 +99,8 @@ class GraphIndex:
             idx.num_outputs.append(max(count, max_out[i], len(shapes or ())))
         idx._toposort()
         idx._frames()
+        if any(idx.frame):
+            idx._condense_loops()
         return idx
 
     def _toposort(self) -> None:
@@ -130,6 +132,56 @@ class GraphIndex:
             raise InputError(f"the graph has a cycle outside any loop (through {stuck!r})")
         self.topo = order
         self.position = [0] * n
+        for pos, i in enumerate(order):
+            self.position[i] = pos
+
+    def _condense_loops(self) -> None:
+        """Reorder so that every v1 loop (its outermost frame, Exits included) is one block.
+
+        Kahn's order ignores NextIteration back edges, so a loop's Merge, Switch and Exit can
+        land long before the body they wait for at run time. Ordering loops as blocks keeps
+        positions monotone along every real dependency path outside a loop body, which the
+        passes rely on to bound their walks.
+        """
+        n = len(self.names)
+        unit = list(range(n))
+        frame_unit: dict[str, int] = {}
+        for i in range(n):
+            f = self.frame[i]
+            if self.ops[i] in ("Exit", "RefExit") and self.data_inputs[i]:
+                f = self.frame[self.data_inputs[i][0][0]]
+            if f:
+                outer = f[: f.find("/", 1)] if f.find("/", 1) > 0 else f
+                unit[i] = frame_unit.setdefault(outer, n + len(frame_unit))
+        members: dict[int, list[int]] = {}
+        for i in self.topo:
+            members.setdefault(unit[i], []).append(i)
+        succ: dict[int, set[int]] = {}
+        indeg = dict.fromkeys(members, 0)
+        for i in range(n):
+            preds = [s for s, _ in self.data_inputs[i]] + self.control_inputs[i]
+            for s in preds:
+                a, b = unit[s], unit[i]
+                if a != b and b not in succ.setdefault(a, set()):
+                    succ[a].add(b)
+                    indeg[b] += 1
+        first = {u: self.position[m[0]] for u, m in members.items()}
+        ready = sorted((u for u, d in indeg.items() if d == 0), key=first.__getitem__)
+        queue = deque(ready)
+        order: list[int] = []
+        done = 0
+        while queue:
+            u = queue.popleft()
+            done += 1
+            order.extend(members[u])
+            for v in sorted(succ.get(u, ()), key=first.__getitem__):
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    queue.append(v)
+        if done != len(members):
+            raise InputError("the graph has a cycle that passes through a loop (a loop's "
+                             "result feeds back into its own inputs)")
+        self.topo = order
         for pos, i in enumerate(order):
             self.position[i] = pos
 

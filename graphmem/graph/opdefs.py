@@ -67,7 +67,7 @@ class OpRegistry:
             return None
         out: list[int] = []
         for arg in op_def.output_arg:
-            types = _arg_types(arg, node)
+            types = _arg_types(arg, node, op_def)
             if types is None:
                 return None
             out.extend(types)
@@ -80,15 +80,15 @@ class OpRegistry:
             return None
         sizes = []
         for arg in op_def.output_arg:
-            types = _arg_types(arg, node)
+            types = _arg_types(arg, node, op_def)
             if types is None:
                 return None
             sizes.append((arg.name, len(types)))
         return sizes
 
 
-def _arg_types(arg: Message, node: Message) -> list[int] | None:
-    attrs = node.attr
+def _arg_types(arg: Message, node: Message, op_def: Message) -> list[int] | None:
+    attrs = _Attrs(node, op_def)
     if arg.type_list_attr:
         if arg.type_list_attr not in attrs:
             return None
@@ -124,3 +124,20 @@ def _registry_op_def(op_type: str) -> Message | None:
     ours = protos.message_class("tensorflow.OpDef")()
     ours.ParseFromString(found.SerializeToString())
     return ours
+
+
+class _Attrs:
+    """A node's attrs, falling back to the OpDef's defaults (SavedModels strip them)."""
+
+    def __init__(self, node: Message, op_def: Message) -> None:
+        self._node = node
+        self._defaults = {a.name: a.default_value for a in getattr(op_def, "attr", ())
+                          if a.HasField("default_value")}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._node.attr or key in self._defaults
+
+    def __getitem__(self, key: str) -> Message:
+        if key in self._node.attr:
+            return self._node.attr[key]
+        return self._defaults[key]

@@ -69,37 +69,27 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     new_nodes = []
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     for seg in sorted(by_segment):
-        seg_targets = by_segment[seg]
-        needed = _ops_to_copy(index, [s.tensor for s in seg_targets], keep, recomputable)
-        copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
-        for i in sorted(needed, key=index.position.__getitem__):
-            new_nodes.append(_copy_node(index, i, copy_name))
-        consumers: set[int] = set()
-        for s in seg_targets:
-            new_input = input_string(copy_name[s.tensor[0]], s.tensor[1])
-            for c in s.consumers:
-                if index.ops[c] in NO_DATA_READERS:
-                    continue
-                for slot, text in enumerate(g.node[c].input):
-                    name, k, ctrl = parse_input(text)
-                    if not ctrl and index.id_of[name] == s.tensor[0] and k == s.tensor[1]:
-                        rewires.setdefault(c, {})[slot] = new_input
-                        consumers.add(c)
-        triggers = _triggers(index, regions, consumers)
-        copies = set(copy_name.values())
-        roots = [n for n in new_nodes[-len(needed):]
-                 if not any(parse_input(x)[0] in copies for x in n.input)]
-        for node in roots:
-            node.input.extend("^" + index.names[t] for t in triggers)
-        if not triggers:
-            plan.not_held_back.append(seg)
-        plan.update_guards += _guard_ref_updates(index, regions, needed, copy_name)
         start = cut_positions[seg - 1] if seg > 0 else None
-        plan.segments.append(Segment(
-            seg, cut_names.get(start) if start is not None else None,
-            [s.name for s in seg_targets], len(needed),
-            [index.names[t] for t in sorted(triggers)]))
-        plan.copied_ops += len(needed)
+        for group_targets, needed in _independent_groups(index, by_segment[seg], keep,
+                                                         recomputable):
+            copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
+            copied = [_copy_node(index, i, copy_name)
+                      for i in sorted(needed, key=index.position.__getitem__)]
+            consumers = _rewire(index, group_targets, copy_name, rewires)
+            triggers = _triggers(index, regions, consumers) if consumers else set()
+            copies = set(copy_name.values())
+            for node in copied:
+                if not any(parse_input(x)[0] in copies for x in node.input):
+                    node.input.extend("^" + index.names[t] for t in sorted(triggers))
+            new_nodes.extend(copied)
+            if not triggers:
+                plan.not_held_back.append(seg)
+            plan.update_guards += _guard_ref_updates(index, regions, needed, copy_name)
+            plan.segments.append(Segment(
+                seg, cut_names.get(start) if start is not None else None,
+                [s.name for s in group_targets], len(needed),
+                [index.names[t] for t in sorted(triggers)]))
+            plan.copied_ops += len(needed)
     for c, slots in rewires.items():
         node = g.node[c]
         for slot, text in slots.items():
@@ -107,6 +97,53 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             plan.rewired_inputs += 1
     g.node.extend(new_nodes)
     return plan
+
+
+def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
+                        recomputable: set[int]) -> list[tuple[list, set[int]]]:
+    """Split a segment's targets into groups whose copies share no op, so that each group
+    is held back by the backward ops that need it, not by those of an unrelated branch."""
+    parent: list[int] = list(range(len(targets)))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    owner: dict[int, int] = {}
+    for t_id, s in enumerate(targets):
+        for i in _ops_to_copy(index, [s.tensor], keep, recomputable):
+            if i in owner:
+                a, b = find(owner[i]), find(t_id)
+                if a != b:
+                    parent[a] = b
+            else:
+                owner[i] = t_id
+    groups: dict[int, tuple[list, set[int]]] = {}
+    for t_id, s in enumerate(targets):
+        groups.setdefault(find(t_id), ([], set()))[0].append(s)
+    for i, t_id in owner.items():
+        groups[find(t_id)][1].add(i)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _rewire(index: GraphIndex, targets: list, copy_name: dict[int, str],
+            rewires: dict[int, dict[int, str]]) -> set[int]:
+    """Point the targets' backward readers at the copies; returns those readers."""
+    g = index.graph_def
+    consumers: set[int] = set()
+    for s in targets:
+        new_input = input_string(copy_name[s.tensor[0]], s.tensor[1])
+        for c in s.consumers:
+            if index.ops[c] in NO_DATA_READERS:
+                continue
+            for slot, text in enumerate(g.node[c].input):
+                name, k, ctrl = parse_input(text)
+                if not ctrl and index.id_of[name] == s.tensor[0] and k == s.tensor[1]:
+                    rewires.setdefault(c, {})[slot] = new_input
+                    consumers.add(c)
+    return consumers
 
 
 def _ops_to_copy(index: GraphIndex, targets: list[Tensor], keep: set[Tensor],
@@ -163,8 +200,8 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int]) -> set[i
     while queue:
         i = queue.popleft()
         for s, _ in index.data_inputs[i]:
-            if s in seen or s not in backward:
-                continue
+            if s in seen or s not in backward or index.in_loop(s):
+                continue  # an op inside a loop frame cannot hold back one outside it
             seen.add(s)
             if s in downstream:
                 queue.append(s)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from functools import cache
 from types import ModuleType
 
@@ -15,10 +17,30 @@ def tensorflow(why: str = "") -> ModuleType:
     # the BFC allocator keeps the per-device statistics that memory measurements read
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
     try:
-        import tensorflow as tf  # noqa: PLC0415 - lazily on purpose
+        with _quiet_stderr():  # TF's C++ start-up banner is noise for our users
+            import tensorflow as tf  # noqa: PLC0415 - lazily on purpose
     except ImportError as exc:
         raise TensorFlowMissing(why) from exc
     return tf
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
 
 
 def available() -> bool:
