@@ -35,6 +35,9 @@ class RunSpec:
     feeds: dict[str, np.ndarray] = field(default_factory=dict)
     seed: int = 0
     inter_op_threads: int = 1
+    # Grappler's own memory optimizer for this session (e.g. "RECOMPUTATION_HEURISTICS"),
+    # to measure it side by side; None keeps TensorFlow's default.
+    grappler_memory_optimization: str | None = None
 
 
 @dataclass
@@ -66,6 +69,11 @@ class GraphRunner:
             self._build_variable_io()
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                           inter_op_parallelism_threads=spec.inter_op_threads)
+        if spec.grappler_memory_optimization:
+            from tensorflow.core.protobuf import rewriter_config_pb2
+
+            config.graph_options.rewrite_options.memory_optimization = getattr(
+                rewriter_config_pb2.RewriterConfig, spec.grappler_memory_optimization)
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
 
     def _import(self, model: LoadedModel) -> None:
