@@ -15,7 +15,7 @@ import numpy as np
 
 from graphmem.analysis.activations import INPUT_OPS
 from graphmem.analysis.regions import Regions, analyze_regions
-from graphmem.errors import InputError, UsageError
+from graphmem.errors import InputError, UsageError  # noqa: F401
 from graphmem.formats import Format, LoadedModel
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex
 from graphmem.graph.workspace import Workspace
@@ -54,9 +54,6 @@ class GraphRunner:
         tf = tensorflow("verify runs the graphs")
         self.tf = tf
         model = ws.model
-        if model.function_name is not None:
-            raise UsageError("verify runs TF1-style graphs; TF2 function train steps are "
-                             "not supported by verify yet")
         self.index = ws.index
         self.regions = regions or analyze_regions(ws.index, None, spec.batch_size,
                                                   ws.collection("losses"))
@@ -168,6 +165,117 @@ class GraphRunner:
 
     def close(self) -> None:
         self.session.close()
+
+
+class FunctionRunner:
+    """A TF2 SavedModel whose train step is a library function, loaded with
+    `tf.saved_model.load` and called eagerly, as its users run it."""
+
+    def __init__(self, ws: Workspace, spec: RunSpec):
+        tf = tensorflow("verify runs the train step")
+        self.tf = tf
+        self.index = ws.index
+        self.spec = spec
+        self.regions = analyze_regions(ws.index, None, spec.batch_size)
+        self.obj = tf.saved_model.load(str(ws.model.path), tags=list(ws.model.tags) or None)
+        self.fn, self.signature = self._find_train_step(ws)
+        self.vars = _saved_variables(tf, self.obj)
+
+    def _find_train_step(self, ws: Workspace):
+        """The attribute the object graph binds the train-step function to (TF renames
+        functions when it loads them, so the binding is the reliable link)."""
+        path = _object_path_of_function(ws.model.meta_graph, ws.model.function_name)
+        if path is None:
+            raise InputError(f"no object of the SavedModel calls {ws.model.function_name}")
+        fn = self.obj
+        for part in path:
+            fn = getattr(fn, part)
+        concrete = fn.concrete_functions[0]
+        return fn, concrete.structured_input_signature[0]
+
+    def initialize(self) -> None:
+        """Variables come restored from the SavedModel's checkpoint."""
+
+    def variables(self) -> dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in self.vars.items()}
+
+    def load_variables(self, values: dict[str, np.ndarray]) -> None:
+        missing = sorted(set(values) - set(self.vars))
+        if missing:
+            raise InputError(f"the rewritten model lacks variables: {', '.join(missing[:5])}")
+        for name, value in values.items():
+            self.vars[name].assign(value)
+
+    def feeds(self, step: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.spec.seed * 1_000_003 + step)
+        out = []
+        for spec in self.signature:
+            shape = [self.spec.batch_size if d is None else d for d in spec.shape.as_list()]
+            arg = self.index.id_of.get(spec.name)
+            if arg is None:
+                raise InputError(f"train step argument {spec.name!r} not found")
+            out.append(_random_value(self.index, arg, spec.dtype.as_datatype_enum, shape, rng))
+        return out
+
+    def step(self, feeds: list[np.ndarray]) -> StepRecord:
+        tf = self.tf
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        start = time.perf_counter()
+        loss = self.fn(*feeds)
+        loss_value = float(np.mean(tf.nest.flatten(loss)[0].numpy()))
+        seconds = time.perf_counter() - start
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+        return StepRecord(loss_value, max(peak - before, 0), seconds)
+
+    def close(self) -> None:
+        self.obj = None
+
+
+def _object_path_of_function(meta_graph, function_name: str) -> list[str] | None:
+    nodes = meta_graph.object_graph_def.nodes
+    if not nodes:
+        return None
+    stack: list[tuple[int, list[str]]] = [(0, [])]
+    seen = {0}
+    while stack:
+        node_id, path = stack.pop()
+        node = nodes[node_id]
+        which = node.WhichOneof("kind")
+        if which == "function" and function_name in node.function.concrete_functions:
+            return path
+        for child in node.children:
+            if child.node_id not in seen:
+                seen.add(child.node_id)
+                stack.append((child.node_id, path + [child.local_name]))
+    return None
+
+
+def _saved_variables(tf, root) -> dict[str, object]:
+    """Every variable reachable from the loaded object, by its path of attribute names."""
+    out: dict[str, object] = {}
+    seen: set[int] = set()
+    stack = [("", root)]
+    while stack:
+        path, obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tf.Variable):
+            out[path or "/"] = obj
+            continue
+        try:
+            children = obj._trackable_children()  # noqa: SLF001 - the loader's own walk
+        except (AttributeError, TypeError, ValueError):
+            continue
+        stack.extend((f"{path}/{k}", v) for k, v in children.items())
+    return out
+
+
+def make_runner(ws: Workspace, spec: RunSpec):
+    if ws.model.function_name is not None:
+        return FunctionRunner(ws, spec)
+    return GraphRunner(ws, spec)
 
 
 def placeholders(index: GraphIndex, regions: Regions) -> list[int]:

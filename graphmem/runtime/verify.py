@@ -9,7 +9,7 @@ import numpy as np
 
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
-from graphmem.runtime.train_runner import GraphRunner, RunSpec, StepRecord, make_feeds
+from graphmem.runtime.train_runner import RunSpec, StepRecord, make_feeds, make_runner
 
 
 @dataclass
@@ -51,8 +51,8 @@ def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float
            atol: float, fmt=None, tag=None, function=None) -> VerifyResult:
     ws_a = Workspace.open(load_model(original, fmt, tag, function))
     ws_b = Workspace.open(load_model(rewritten, fmt, tag, function))
-    a = GraphRunner(ws_a, spec)
-    b = GraphRunner(ws_b, spec)
+    a = make_runner(ws_a, spec)
+    b = make_runner(ws_b, spec)
     try:
         a.initialize()
         b.initialize()
@@ -61,7 +61,8 @@ def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float
         mismatches = []
         max_loss = 0.0
         for step in range(steps):
-            feeds = make_feeds(a.index, a.regions, spec, step)
+            feeds = a.feeds(step) if hasattr(a, "feeds") else make_feeds(
+                a.index, a.regions, spec, step)
             ra, rb = a.step(feeds), b.step(feeds)
             runs_a.append(ra)
             runs_b.append(rb)

@@ -1,0 +1,42 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from graphmem.cli import main
+
+DATA = Path(__file__).parent / "fixtures" / "data"
+
+
+def manifest() -> dict[str, dict]:
+    data = json.loads((DATA / "manifest.json").read_text())
+    return {f["name"]: f for f in data["fixtures"]}
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> dict[str, dict]:
+    return manifest()
+
+
+def fixture_path(name: str) -> Path:
+    return DATA / manifest()[name]["path"]
+
+
+def run_cli(*args: str):
+    """Run the CLI in-process; returns click's Result (exit_code, stdout, stderr)."""
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def copy_fixture(tmp_path):
+    def _copy(name: str) -> Path:
+        src = fixture_path(name)
+        dst = tmp_path / src.name
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy2(src, dst)
+        return dst
+    return _copy
