@@ -38,6 +38,10 @@ class RunSpec:
     # Grappler's own memory optimizer for this session (e.g. "RECOMPUTATION_HEURISTICS"),
     # to measure it side by side; None keeps TensorFlow's default.
     grappler_memory_optimization: str | None = None
+    # Grappler's remapper fuses ops (MatMul+BiasAdd, ...) only where an intermediate has one
+    # reader, so a rewrite that changes readers can change which ops fuse and move results
+    # by float rounding (about 1e-7). Off, a correct rewrite trains bit for bit the same.
+    remapper: bool = True
 
 
 @dataclass
@@ -66,11 +70,13 @@ class GraphRunner:
             self._build_variable_io()
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                           inter_op_parallelism_threads=spec.inter_op_threads)
-        if spec.grappler_memory_optimization:
-            from tensorflow.core.protobuf import rewriter_config_pb2
+        from tensorflow.core.protobuf import rewriter_config_pb2
 
+        if spec.grappler_memory_optimization:
             config.graph_options.rewrite_options.memory_optimization = getattr(
                 rewriter_config_pb2.RewriterConfig, spec.grappler_memory_optimization)
+        if not spec.remapper:
+            config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
 
     def _import(self, model: LoadedModel) -> None:

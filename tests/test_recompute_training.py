@@ -1,0 +1,162 @@
+"""Every policy on every fixture: the rewritten graph trains exactly as the original.
+
+Each case rewrites a fixture, then trains original and rewritten side by side from the same
+variable values on the same inputs and demands bit-identical losses and variables.
+"""
+
+from collections import deque
+
+import pytest
+
+from graphmem.analysis.regions import analyze_regions
+from graphmem.formats import load_model
+from graphmem.graph.workspace import Workspace
+from graphmem.passes.recompute import COPY_SCOPE
+from graphmem.rewrite import RewriteOptions, rewrite_file
+from graphmem.runtime.train_runner import RunSpec
+from graphmem.runtime.verify import verify
+from tests.conftest import fixture_path, run_cli
+
+pytestmark = pytest.mark.tf
+
+TF1 = ["mlp", "resnet", "transformer", "lstm_v1", "lstm_v2"]
+PATTERN = {"mlp": "layer_(07|15)/Relu", "resnet": "block_0[48]/add", "transformer": "Softmax",
+           "lstm_v1": "pre_dense/Relu", "lstm_v2": "pre_dense/Relu", "tf2_saved_model": "Relu_3"}
+
+
+def _rewrite(name, tmp_path, policy, patterns=(), tag=None):
+    src = fixture_path(name)
+    out = tmp_path / (src.name if src.is_dir() else f"out{src.suffix}")
+    result = rewrite_file(src, out, RewriteOptions(policy, list(patterns), 16), tag=tag)
+    return src, out, result
+
+
+def _assert_trains_identically(src, out, tag=None, steps=3, batch=16):
+    """Bit for bit with Grappler's fusion off; within float rounding with it on."""
+    exact = verify(str(src), str(out), RunSpec(batch_size=batch, remapper=False), steps,
+                   0.0, 0.0, tag=tag)
+    assert exact.same_training, exact.mismatches
+    assert exact.max_loss_diff == 0 and exact.max_variable_diff == 0
+    assert exact.variables_compared > 0
+    # With fusion on, rounding differs at 1e-7; Adam turns rounding noise on parameters whose
+    # true gradient is zero (attention key biases) into updates of up to ~1e-5.
+    default = verify(str(src), str(out), RunSpec(batch_size=batch), steps, 1e-5, 1e-5, tag=tag)
+    assert default.same_training, default.mismatches
+    assert default.max_loss_diff < 1e-5
+    return exact
+
+
+@pytest.mark.parametrize("name", TF1)
+@pytest.mark.parametrize("policy", ["memory", "speed", "names", "none"])
+def test_policy_trains_identically(name, policy, tmp_path):
+    patterns = [PATTERN[name]] if policy == "names" else []
+    src, out, result = _rewrite(name, tmp_path, policy, patterns)
+    if policy == "none":
+        assert result.plan.copied_ops == 0
+    elif policy != "names" or name != "lstm_v2":
+        assert result.checkpoints
+    _assert_trains_identically(src, out)
+    before, after = load_model(src), load_model(out)
+    # collections, saver and signatures survive
+    assert set(after.meta_graph.collection_def) == set(before.meta_graph.collection_def)
+    assert after.meta_graph.saver_def == before.meta_graph.saver_def
+    assert after.meta_graph.signature_def == before.meta_graph.signature_def
+    Workspace.open(after)  # re-indexing proves the result acyclic, loops included
+
+
+def test_collection_policy_keeps_the_collection(tmp_path, fixtures):
+    src, out, result = _rewrite("mlp", tmp_path, "collection")
+    assert [c.name for c in result.checkpoints] == fixtures["mlp"]["checkpoints"]
+    assert result.plan.copied_ops > 0
+    _assert_trains_identically(src, out)
+
+
+def test_tf1_saved_model_rewrites_only_the_chosen_meta_graph(tmp_path):
+    src, out, result = _rewrite("tf1_saved_model_train", tmp_path, "memory", tag="train")
+    assert result.plan.copied_ops > 0
+    _assert_trains_identically(src, out, tag="train")
+    before = load_model(src, tag="serve")
+    after = load_model(out, tag="serve")
+    assert after.meta_graph == before.meta_graph
+
+
+@pytest.mark.parametrize("policy", ["memory", "speed", "names"])
+def test_tf2_train_step_trains_identically(policy, tmp_path):
+    patterns = [PATTERN["tf2_saved_model"]] if policy == "names" else []
+    src, out, result = _rewrite("tf2_saved_model", tmp_path, policy, patterns)
+    assert result.plan.copied_ops > 0
+    _assert_trains_identically(src, out, steps=4)
+
+
+def _ancestors(index, i):
+    seen, queue = {i}, deque([i])
+    while queue:
+        j = queue.popleft()
+        for s in [s for s, _ in index.data_inputs[j]] + index.control_inputs[j]:
+            if s not in seen:
+                seen.add(s)
+                queue.append(s)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
+def test_every_copy_waits_for_the_backward_pass(name, tmp_path):
+    src, out, result = _rewrite(name, tmp_path, "memory")
+    assert not result.plan.not_held_back
+    original = Workspace.open(load_model(src))
+    backward = {original.index.names[i]
+                for i in analyze_regions(original.index).backward}
+    new = Workspace.open(load_model(out)).index
+    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
+    assert len(copies) == result.plan.copied_ops > 0
+    for c in copies:
+        assert any(new.names[a] in backward for a in _ancestors(new, c)), new.names[c]
+
+
+def test_dropout_masks_are_not_recomputed(tmp_path):
+    src, out, result = _rewrite("transformer", tmp_path, "memory")
+    new = Workspace.open(load_model(out)).index
+    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
+    assert copies
+    assert not [new.names[i] for i in copies if new.stateful[i]]
+    assert not [new.names[i] for i in copies if "Random" in new.ops[i]]
+
+
+def test_recompute_lowers_the_measured_peak(tmp_path):
+    """Fails if copies run in the forward pass: then nothing is saved."""
+    src, out, _ = _rewrite("mlp", tmp_path, "memory")
+    for threads in (1, 2):
+        spec = RunSpec(batch_size=256, inter_op_threads=threads)
+        result = verify(str(src), str(out), spec, 4, 0.0, 0.0)
+        assert result.same_training
+        assert result.rewritten.measured_peak_bytes < 0.85 * result.original.measured_peak_bytes
+
+
+def test_verify_cli_reports_json_and_exit_codes(tmp_path):
+    import json
+
+    src, out, _ = _rewrite("mlp", tmp_path, "memory")
+    res = run_cli("verify", src, out, "--steps", "2", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["same_training"] is True
+    assert doc["original"]["measured_peak_bytes"] > 0
+    # a different model trains differently: exit 1
+    other = fixture_path("mlp_text")
+    res = run_cli("verify", src, other, "--steps", "2", "--seed", "1")
+    assert res.exit_code == 0  # the same graph in another format trains the same
+    bad = tmp_path / "bad.meta"
+    _tamper_learning_rate(out, bad)
+    res = run_cli("verify", src, bad, "--steps", "2")
+    assert res.exit_code == 1
+    assert "training differs" in res.stderr
+
+
+def _tamper_learning_rate(src, dst):
+    from graphmem.formats import save_model
+
+    model = load_model(src)
+    for node in model.graph_def.node:
+        if node.name == "Adam/learning_rate":
+            node.attr["value"].tensor.float_val[0] *= 2
+    save_model(model, dst)
