@@ -80,7 +80,7 @@ def chain_training_graph(layers: int, width: int = 64, batch: int = 32,
         if residual and i % 2 == 1:
             pending_skip[i - 1] = g_pre
         dxs = []
-        for b, mm in enumerate(mms):
+        for b in range(len(mms)):
             w = f"layer_{i}/w{b}"
             _node(g, f"{s}/MatMul{b}_grad/dx", "MatMul", [g_pre, f"{w}/read"], act)
             _node(g, f"{s}/MatMul{b}_grad/dw", "MatMul", [h_in, g_pre], [width, width])

@@ -15,8 +15,8 @@ import numpy as np
 
 from graphmem.analysis.activations import INPUT_OPS
 from graphmem.analysis.regions import Regions, analyze_regions
-from graphmem.errors import InputError, UsageError  # noqa: F401
-from graphmem.formats import Format, LoadedModel
+from graphmem.errors import InputError, UsageError
+from graphmem.formats import LoadedModel
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex
 from graphmem.graph.workspace import Workspace
 from graphmem.runtime.tf_loader import tensorflow
