@@ -111,95 +111,103 @@ def _from_patterns(index, candidates, patterns) -> CheckpointChoice:
 
 
 def _memory_policy(index, regions, facts, candidates, batch_size) -> CheckpointChoice:
+    """About sqrt(N) cuts of the forward spine, at equal steps of saved bytes.
+
+    At each step, a bottleneck near the target is the cut (one tensor to keep); where the
+    window holds none (a long skip connection jumps over it), the cheapest topological cut
+    in the window is taken instead, keeping every tensor that crosses it.
+    """
     spine = facts.param_dependent
-    sinks = [t[0] for t in regions.loss if t[0] in spine]
     order = [i for i in index.topo if i in spine]
+    pos = {v: p for p, v in enumerate(order)}
     edges = [(s, i) for i in order for s, _ in index.data_inputs[i] if s in spine]
+    sinks = [t[0] for t in regions.loss if t[0] in spine]
     if not sinks:
         has_succ = {a for a, _ in edges}
         sinks = [i for i in order if i not in has_succ]
     saved = [s for s in regions.saved if s.tensor[0] in facts.recomputable]
-    n_saved = max(len(saved), 1)
-    want = max(1, math.ceil(math.sqrt(n_saved)))
+    want = max(1, math.ceil(math.sqrt(max(len(saved), 1))))
     cand_set = set(candidates)
-    found = bottlenecks(order, edges, sinks) if order and sinks else []
-    bottleneck_ts = []
-    for i in found:
-        outs = [t for t in index.outputs(i) if t in cand_set and
-                any(c in spine for c in index.consumers.get(t, ()))]
+    if not order:
+        return CheckpointChoice("memory", [], "no recomputable forward spine", len(candidates))
+    # where a cut at spine position p would sit, in saved bytes made up to p
+    # (order is already sorted by global position, so saved tensors off the spine are placed
+    # at the last spine op before them)
+    weight = [0] * len(order)
+    glob_pos = [index.position[v] for v in order]
+    for s in saved:
+        j = bisect_left(glob_pos, index.position[s.tensor[0]] + 1) - 1
+        if j >= 0:
+            weight[j] += s.bytes or 1
+    cumulative, running = [], 0
+    for w in weight:
+        running += w
+        cumulative.append(running)
+    total = running
+    bottleneck_at: dict[int, Tensor] = {}
+    for i in bottlenecks(order, edges, sinks) if sinks else []:
+        outs = [t for t in index.outputs(i)
+                if t in cand_set and any(c in spine for c in index.consumers.get(t, ()))]
         if len(outs) == 1:
-            bottleneck_ts.append(outs[0])
-    weights = {s.tensor: s.bytes or 0 for s in saved}
-    if len(bottleneck_ts) >= want:
-        picks = _spaced(index, bottleneck_ts, want, saved, weights)
-        return CheckpointChoice("memory", picks,
-                                f"{len(picks)} of {len(bottleneck_ts)} bottlenecks, spaced "
-                                "by bytes", len(candidates), len(bottleneck_ts))
-    picks = _cheapest_cuts(index, order, spine, cand_set, want, saved, batch_size)
-    return CheckpointChoice(
-        "memory", picks,
-        f"fallback: found {len(bottleneck_ts)} bottlenecks, wanted {want}; kept the tensors "
-        f"crossing the {want} cheapest topological cuts instead", len(candidates),
-        len(bottleneck_ts), fallback=True)
-
-
-def _spaced(index, pool: list[Tensor], want: int, saved, weights) -> list[Tensor]:
-    """`want` tensors from `pool` near the byte quantiles of the saved activations."""
-    ordered_saved = sorted(saved, key=lambda s: index.position[s.tensor[0]])
-    positions, cumulative, total = [], [], 0
-    for s in ordered_saved:
-        total += weights.get(s.tensor, 0)
-        positions.append(index.position[s.tensor[0]])
-        cumulative.append(total)
-    pool = sorted(pool, key=lambda t: index.position[t[0]])
-    if not total or len(pool) <= want:
-        step = max(1, len(pool) // (want + 1))
-        return pool[step - 1::step][:want] if len(pool) > want else pool
-
-    def bytes_before(t: Tensor) -> int:
-        j = bisect_left(positions, index.position[t[0]] + 1) - 1
-        return cumulative[j] if j >= 0 else 0
-
-    at = [bytes_before(t) for t in pool]
+            bottleneck_at[pos[i]] = outs[0]
+    bottleneck_positions = sorted(bottleneck_at)
+    cut_bytes, crossing = _cut_sweep(index, order, pos, spine, batch_size)
     picks: list[Tensor] = []
+    cut_positions: list[int] = []
+    used_bottlenecks = 0
+    half = total / (2 * (want + 1))
     for q in range(1, want + 1):
         target = total * q / (want + 1)
-        j = min(range(len(pool)), key=lambda m: abs(at[m] - target))
-        if pool[j] not in picks:
-            picks.append(pool[j])
-    return sorted(picks, key=lambda t: index.position[t[0]])
+        lo = bisect_left(cumulative, target - half)
+        hi = min(bisect_left(cumulative, target + half), len(order) - 1)
+        if lo > hi:
+            continue
+        b_lo, b_hi = bisect_left(bottleneck_positions, lo), bisect_left(bottleneck_positions, hi + 1)
+        if b_lo < b_hi:
+            p = min(bottleneck_positions[b_lo:b_hi], key=lambda x: abs(cumulative[x] - target))
+            if bottleneck_at[p] not in picks:
+                picks.append(bottleneck_at[p])
+                used_bottlenecks += 1
+        else:
+            cut_positions.append(min(range(lo, hi + 1), key=cut_bytes.__getitem__))
+    picks.extend(t for t in crossing(cut_positions) if t in cand_set and t not in picks)
+    picks.sort(key=lambda t: (index.position[t[0]], t[1]))
+    fallback = bool(cut_positions)
+    note = (f"{used_bottlenecks} of {len(bottleneck_at)} bottlenecks, spaced by bytes"
+            if not fallback else
+            f"fallback for long skips: {used_bottlenecks} bottlenecks and {len(cut_positions)} "
+            f"cheapest topological cuts ({len(picks) - used_bottlenecks} tensors crossing "
+            "them), spaced by bytes")
+    return CheckpointChoice("memory", picks, note, len(candidates), len(bottleneck_at),
+                            fallback=fallback)
 
 
-def _cheapest_cuts(index, order, spine, cand_set, want, saved, batch_size) -> list[Tensor]:
-    """Tensors crossing the `want` cheapest cuts of the spine's topological order, one cut
-    per equal slice of it. A cut at position p holds every spine tensor made at or before p
-    and read after it; keeping those is enough to recompute everything after the cut."""
-    pos = {v: p for p, v in enumerate(order)}
+def _cut_sweep(index, order, pos, spine, batch_size):
+    """Bytes crossing each cut of the spine order, and a function naming the tensors that
+    cross given cuts. A cut after position p holds every spine tensor made at or before p
+    and read after it; keeping those is enough to recompute what follows the cut."""
     last_read: dict[Tensor, int] = {}
     for v in order:
         for s, k in index.data_inputs[v]:
-            if s in spine:
-                last_read[(s, k)] = max(last_read.get((s, k), -1), pos[v])
-    size = {t: nbytes(index.shape(t), index.dtype(t), batch_size) or 1 for t in last_read}
+            if s in spine and last_read.get((s, k), -1) < pos[v]:
+                last_read[(s, k)] = pos[v]
     delta = [0] * (len(order) + 1)
     for t, last in last_read.items():
-        delta[pos[t[0]]] += size[t]
-        delta[last] -= size[t]
+        size = nbytes(index.shape(t), index.dtype(t), batch_size) or 1
+        delta[pos[t[0]]] += size
+        delta[last] -= size
     cut_bytes, running = [], 0
     for p in range(len(order)):
         running += delta[p]
         cut_bytes.append(running)
-    n = len(order)
-    cuts = []
-    for q in range(want):
-        hi = n * (q + 1) // (want + 1)
-        lo = max(hi - n // (2 * (want + 1)), 0)
-        hi = min(max(hi, lo + 1), n)
-        cuts.append(min(range(lo, hi), key=cut_bytes.__getitem__))
-    cuts.sort()
-    picks = []
-    for t, last in last_read.items():
-        j = bisect_left(cuts, pos[t[0]])  # first cut at or after the tensor is made
-        if j < len(cuts) and cuts[j] < last and t in cand_set:
-            picks.append(t)
-    return sorted(picks, key=lambda t: (index.position[t[0]], t[1]))
+
+    def crossing(cuts: list[int]) -> list[Tensor]:
+        cuts = sorted(cuts)
+        out = []
+        for t, last in last_read.items():
+            j = bisect_left(cuts, pos[t[0]])  # first cut at or after the tensor is made
+            if j < len(cuts) and cuts[j] < last:
+                out.append(t)
+        return out
+
+    return cut_bytes, crossing

@@ -111,15 +111,22 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
             a = parent[a]
         return a
 
+    # one walk over all targets: an op reached again joins its owner's group instead of
+    # being walked again, so the cost is linear in the ops copied
     owner: dict[int, int] = {}
     for t_id, s in enumerate(targets):
-        for i in _ops_to_copy(index, [s.tensor], keep, recomputable):
+        stack = [s.tensor[0]]
+        while stack:
+            i = stack.pop()
             if i in owner:
                 a, b = find(owner[i]), find(t_id)
                 if a != b:
                     parent[a] = b
-            else:
-                owner[i] = t_id
+                continue
+            owner[i] = t_id
+            for src, k in index.data_inputs[i]:
+                if src in recomputable and (src, k) not in keep:
+                    stack.append(src)
     groups: dict[int, tuple[list, set[int]]] = {}
     for t_id, s in enumerate(targets):
         groups.setdefault(find(t_id), ([], set()))[0].append(s)
