@@ -1,7 +1,5 @@
 """The recompute pass on synthetic graphs: structure, holding back, no cycles (no TF needed)."""
 
-from collections import deque
-
 import pytest
 
 from benchmarks.synthetic import chain_training_graph
@@ -31,17 +29,6 @@ def _rewrite(g, policy="memory"):
     return ix, regions, choice, plan, new, before, after
 
 
-def _ancestors(ix, i):
-    seen, queue = {i}, deque([i])
-    while queue:
-        j = queue.popleft()
-        for s in [s for s, _ in ix.data_inputs[j]] + ix.control_inputs[j]:
-            if s not in seen:
-                seen.add(s)
-                queue.append(s)
-    return seen
-
-
 @pytest.mark.parametrize("residual", [False, True])
 def test_memory_policy_on_a_chain(residual):
     g = chain_training_graph(36, residual=residual)
@@ -56,7 +43,7 @@ def test_memory_policy_on_a_chain(residual):
     assert len(copies) == plan.copied_ops
     backward_names = {ix.names[i] for i in regions.backward}
     for c in copies:
-        assert any(new.names[a] in backward_names for a in _ancestors(new, c)), new.names[c]
+        assert any(new.names[a] in backward_names for a in new.ancestors([c])), new.names[c]
     # no backward op reads a recomputed activation's original any more
     kept = {ix.tensor_name(t) for t in choice.tensors}
     for s in regions.saved:

@@ -4,8 +4,6 @@ Each case rewrites a fixture, then trains original and rewritten side by side fr
 variable values on the same inputs and demands bit-identical losses and variables.
 """
 
-from collections import deque
-
 import pytest
 
 from graphmem.analysis.regions import analyze_regions
@@ -88,17 +86,6 @@ def test_tf2_train_step_trains_identically(policy, tmp_path):
     _assert_trains_identically(src, out, steps=4)
 
 
-def _ancestors(index, i):
-    seen, queue = {i}, deque([i])
-    while queue:
-        j = queue.popleft()
-        for s in [s for s, _ in index.data_inputs[j]] + index.control_inputs[j]:
-            if s not in seen:
-                seen.add(s)
-                queue.append(s)
-    return seen
-
-
 @pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
 def test_every_copy_waits_for_the_backward_pass(name, tmp_path):
     src, out, result = _rewrite(name, tmp_path, "memory")
@@ -110,7 +97,7 @@ def test_every_copy_waits_for_the_backward_pass(name, tmp_path):
     copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
     assert len(copies) == result.plan.copied_ops > 0
     for c in copies:
-        assert any(new.names[a] in backward for a in _ancestors(new, c)), new.names[c]
+        assert any(new.names[a] in backward for a in new.ancestors([c])), new.names[c]
 
 
 def test_dropout_masks_are_not_recomputed(tmp_path):

@@ -9,7 +9,6 @@ are the optimizer. Forward ops are the data ancestors of the backward region tha
 from __future__ import annotations
 
 import re
-from collections import deque
 from dataclasses import dataclass, field
 
 from graphmem.errors import InputError
@@ -67,7 +66,7 @@ class Regions:
     def step_nodes(self, index: GraphIndex) -> set[int]:
         """The ops one training step runs: everything the updates and the loss depend on."""
         roots = self.backward | self.optimizer | self.state_updates | {t[0] for t in self.loss}
-        return _ancestors(index, roots, data_only=False)
+        return index.ancestors(roots, data_only=False)
 
     def region_of(self, i: int) -> str:
         for label, members in (("forward", self.forward), ("backward", self.backward),
@@ -91,19 +90,19 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     if not seeds:
         raise InputError("found no backward ops (no gradients/ or gradient_tape/ scope); "
                          "is this a training graph? (name the scope with --backward-scope)")
-    downstream = _reach(index, seeds, data_only=True)
+    downstream = index.descendants(seeds, data_only=True)
     writes = [i for i in downstream if is_state_write(index.ops[i])]
-    after_writes = _reach(index, writes, data_only=False)
+    after_writes = index.descendants(writes, data_only=False)
     backward = (set(seeds) | downstream) - after_writes
     optimizer = after_writes - backward
-    forward = _ancestors(index, backward, data_only=True) - backward - optimizer
+    forward = index.ancestors(backward, data_only=True) - backward - optimizer
     loss = _find_loss(index, forward, backward, optimizer, loss_names)
-    forward |= _ancestors(index, [t[0] for t in loss], data_only=True) - backward - optimizer
+    forward |= index.ancestors([t[0] for t in loss], data_only=True) - backward - optimizer
     # writes fed by the forward pass outside the optimizer: batch-norm moving averages
     activations = [i for i in forward if not is_parameter_read(index, i)]
-    fed = _reach(index, activations, data_only=True) - forward - backward - optimizer
+    fed = index.descendants(activations, data_only=True) - forward - backward - optimizer
     writes_fed = [i for i in fed if is_state_write(index.ops[i])]
-    state_updates = _ancestors(index, writes_fed, data_only=True) & fed
+    state_updates = index.ancestors(writes_fed, data_only=True) & fed
     forward -= state_updates
     other = set(range(n)) - forward - backward - optimizer - state_updates
     regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
@@ -142,7 +141,7 @@ def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
     names given (the `losses` collection, which in TF1 lists terms rather than their sum).
     """
     activations = [i for i in forward if not is_parameter_read(index, i)]
-    after = _reach(index, activations, data_only=True) - backward - optimizer
+    after = index.descendants(activations, data_only=True) - backward - optimizer
     found = []
     for i in index.topo:
         if i not in after or not index.data_inputs[i]:
@@ -176,33 +175,3 @@ def _gradient_targets(index: GraphIndex, backward: set[int]) -> set[str]:
 
 
 _FLOAT_TYPES = frozenset({1, 2, 14, 19})
-
-
-def _reach(index: GraphIndex, seeds, data_only: bool) -> set[int]:
-    seen = set(seeds)
-    queue = deque(seeds)
-    while queue:
-        i = queue.popleft()
-        nxt = index.data_consumers(i)
-        if not data_only:
-            nxt = nxt + index.control_consumers[i]
-        for j in nxt:
-            if j not in seen:
-                seen.add(j)
-                queue.append(j)
-    return seen
-
-
-def _ancestors(index: GraphIndex, seeds, data_only: bool) -> set[int]:
-    seen = set(seeds)
-    queue = deque(seeds)
-    while queue:
-        i = queue.popleft()
-        prev = [s for s, _ in index.data_inputs[i]]
-        if not data_only:
-            prev += index.control_inputs[i]
-        for j in prev:
-            if j not in seen:
-                seen.add(j)
-                queue.append(j)
-    return seen

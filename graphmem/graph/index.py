@@ -239,6 +239,36 @@ class GraphIndex:
             out.extend(self.consumers.get((i, k), ()))
         return out
 
+    def ancestors(self, seeds, data_only: bool = False) -> set[int]:
+        """The seeds and every op they depend on (through data, and control unless data_only)."""
+        seen = set(seeds)
+        queue = deque(seen)
+        while queue:
+            i = queue.popleft()
+            prev = [s for s, _ in self.data_inputs[i]]
+            if not data_only:
+                prev += self.control_inputs[i]
+            for j in prev:
+                if j not in seen:
+                    seen.add(j)
+                    queue.append(j)
+        return seen
+
+    def descendants(self, seeds, data_only: bool = False) -> set[int]:
+        """The seeds and every op that depends on them."""
+        seen = set(seeds)
+        queue = deque(seen)
+        while queue:
+            i = queue.popleft()
+            nxt = self.data_consumers(i)
+            if not data_only:
+                nxt += self.control_consumers[i]
+            for j in nxt:
+                if j not in seen:
+                    seen.add(j)
+                    queue.append(j)
+        return seen
+
     def is_control_flow(self, i: int) -> bool:
         return self.ops[i] in CONTROL_FLOW_V1 or self.ops[i] in CONTROL_FLOW_V2
 
