@@ -68,12 +68,12 @@ def main() -> None:
     """Rewrite TensorFlow training graphs so that training needs less memory."""
 
 
-def _open(model: str, fmt, tag, function):
+def _open(model: str, fmt, tag, function, batch_size=None):
     from graphmem.formats import load_model
     from graphmem.graph.workspace import Workspace
 
     loaded = load_model(Path(model), fmt, tag, function)
-    return Workspace.open(loaded)
+    return Workspace.open(loaded, batch_size=batch_size)
 
 
 @main.command()
@@ -86,7 +86,7 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, top, as_json)
     """Summarize a training graph: regions, saved activations, variables, memory."""
     from graphmem.analysis.inspect import gather_facts
 
-    ws = _open(model, fmt, tag, function)
+    ws = _open(model, fmt, tag, function, batch_size)
     facts, _ = gather_facts(ws, batch_size, backward_scope or None, top)
     if as_json:
         from graphmem.report.json_out import emit

@@ -80,7 +80,8 @@ def _bytes(index, t, batch_size):
 
 def rewrite_file(model_path: str | Path, out: str | Path, options: RewriteOptions,
                  fmt=None, tag=None, function=None) -> RewriteResult:
-    ws = Workspace.open(load_model(model_path, fmt, tag, function))
+    ws = Workspace.open(load_model(model_path, fmt, tag, function),
+                        batch_size=options.batch_size)
     result = rewrite_workspace(ws, options)
     save_model(ws.model, out)
     return result

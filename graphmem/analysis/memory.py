@@ -1,8 +1,8 @@
 """Estimated memory of one training step, by simulating the executor over the graph.
 
-Ops run in the index's topological order (the order a one-thread executor takes when every op
-runs as soon as its inputs are ready); each output buffer is allocated when its op runs and
-freed after its last reader. Ops that forward their input (Identity, Reshape, ...) allocate
+Ops run in the order TF's executor takes with one inter-op thread (see schedule.py), or in
+the topological order when asked; each output buffer is allocated when its op runs and freed
+after its last reader. Ops that forward their input (Identity, Reshape, ...) allocate
 nothing; they extend the life of the buffer they forward. Variables, their reads and constants
 are persistent and reported apart from the step's peak.
 """
@@ -11,13 +11,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
-from graphmem.graph.index import VARIABLE_OPS, GraphIndex, nbytes
+from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor, nbytes
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
                           "Snapshot", "PreventGradient", "IdentityN", "EnsureShape",
                           "RefIdentity", "CheckNumerics", "PlaceholderWithDefault"})
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}
+# Element-wise kernels that write into an input buffer when nothing else reads it any more
+# (TF's forward_input_or_allocate_output).
+FORWARDING_OPS = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "Tanh", "Sigmoid", "Neg", "Exp", "Log", "Sqrt", "Rsqrt",
+    "Square", "Abs", "Sign", "Reciprocal", "Softplus", "Erf", "Cast", "LeakyRelu",
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "Maximum", "Minimum", "SquaredDifference",
+    "DivNoNan", "MulNoNan", "BiasAdd", "AddN", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad",
+    "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "LeakyReluGrad",
+    "SelectV2", "Select", "FusedBatchNormV3", "Softmax", "LogSoftmax",
+})
 
 
 @dataclass
@@ -42,87 +53,116 @@ class MemoryEstimate:
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     keep_timeline: bool = False, top: int = 10,
                     order: list[int] | None = None,
-                    nodes: set[int] | None = None) -> MemoryEstimate:
-    """Simulate one step over `nodes` (default: the whole graph) in `order`."""
-    order = order if order is not None else index.topo
+                    nodes: set[int] | None = None,
+                    schedule: str = "executor") -> MemoryEstimate:
+    """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
+    in the executor's order (`schedule="executor"`) or the topological one ("topo")."""
+    if order is None:
+        order = executor_order(index, nodes, batch_size) if schedule == "executor" \
+            else index.topo
     if nodes is not None:
         order = [i for i in order if i in nodes]
-    pos = {node: p for p, node in enumerate(order)}
-    n_steps = len(order)
-    # buffer id per tensor: aliasing ops map output 0 to their input 0's buffer
-    buffer_of: dict[tuple[int, int], tuple[int, int]] = {}
-    size: dict[tuple[int, int], int] = {}
+    member = set(order)
     persistent = persistent_bytes(index)
+    device_of = index.devices
+    pending: dict[Tensor, int] = {}  # reads still to come, per buffer
+    size: dict[Tensor, int] = {}
+    buffer_of: dict[Tensor, Tensor] = {}
     unknown = 0
-    for i in order:
+    live = 0
+    live_dev: dict[str, int] = {}
+    peak_dev: dict[str, int] = {}
+    peak, peak_pos, peak_live = 0, 0, []
+    timeline: list[int] = []
+    for p, i in enumerate(order):
         op = index.ops[i]
+        dev = device_of[i] or ""
+        inputs = [t for t in index.data_inputs[i] if t[0] in member]
+        taken: set[Tensor] = set()
         for k in range(index.num_outputs[i]):
             t = (i, k)
-            if op in ALIASING_OPS and index.data_inputs[i] and k < len(index.data_inputs[i]):
-                src = index.data_inputs[i][k if op == "IdentityN" else 0]
-                buffer_of[t] = buffer_of.get(src, src)
+            readers = sum(1 for c in index.consumers.get(t, ()) if c in member)
+            src = _aliased_input(op, k, inputs)
+            if src is not None and src in buffer_of:
+                buf = buffer_of[src]
+                buffer_of[t] = buf
+                pending[buf] = pending.get(buf, 0) + readers
                 continue
-            buffer_of[t] = t
             b = nbytes(index.shape(t), index.dtype(t), batch_size)
             if b is None:
                 unknown += 1
                 b = 0
-            if op in PERSISTENT_OPS or (op in ("Identity",) and _reads_variable(index, i)):
+            if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)):
                 b = 0
+            donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken) if b else None
+            if donor is not None:  # TF reuses an input buffer that this op reads last
+                taken.add(donor)
+                buffer_of[t] = donor
+                pending[donor] = pending.get(donor, 0) + readers
+                continue
+            buffer_of[t] = t
             size[t] = b
-    # last use of each buffer, in execution positions
-    last_use: dict[tuple[int, int], int] = {}
-    for t, buf in buffer_of.items():
-        p = pos.get(t[0], -1)
-        if last_use.get(buf, -1) < p:
-            last_use[buf] = p
-        for c in index.consumers.get(t, ()):
-            pc = pos.get(c, -1)
-            if last_use.get(buf, -1) < pc:
-                last_use[buf] = pc
-    frees: list[list[tuple[int, int]]] = [[] for _ in range(n_steps)]
-    for buf, p in last_use.items():
-        if buf in size and 0 <= p < n_steps:
-            frees[p].append(buf)
-    device_of = index.devices
-    live = 0
-    live_dev: dict[str, int] = {}
-    peak_dev: dict[str, int] = {}
-    peak, peak_pos = 0, 0
-    timeline: list[int] = []
-    for p, i in enumerate(order):
-        dev = device_of[i] or ""
-        for k in range(index.num_outputs[i]):
-            b = size.get((i, k), 0)
+            pending[t] = readers
             if b:
                 live += b
                 live_dev[dev] = live_dev.get(dev, 0) + b
         if live > peak:
             peak, peak_pos = live, p
+            peak_live = [(buf, n) for buf, n in pending.items() if size.get(buf)]
         if live_dev.get(dev, 0) > peak_dev.get(dev, 0):
             peak_dev[dev] = live_dev[dev]
-        for buf in frees[p]:
-            b = size[buf]
-            if b:
-                live -= b
-                d = device_of[buf[0]] or ""
-                live_dev[d] -= b
+        touched = set()
+        for t in inputs:  # one read per input slot
+            buf = buffer_of.get(t)
+            if buf is not None:
+                pending[buf] = pending.get(buf, 0) - 1
+                touched.add(buf)
+        touched.update(buffer_of[(i, k)] for k in range(index.num_outputs[i])
+                       if (i, k) in buffer_of)
+        for buf in touched:
+            if pending.get(buf, 0) <= 0 and buf in size:
+                b = size.pop(buf)
+                pending.pop(buf, None)
+                if b:
+                    live -= b
+                    d = device_of[buf[0]] or ""
+                    live_dev[d] -= b
         if keep_timeline:
             timeline.append(live)
-    live_at_peak = _live_at(index, order, pos, size, last_use, peak_pos, top)
+    live_at_peak = sorted((LiveTensor(index.tensor_name(buf), _size_of(index, buf, batch_size),
+                                      index.shape(buf)) for buf, _ in peak_live),
+                          key=lambda t: -t.bytes)[:top]
     return MemoryEstimate(peak, persistent, peak_pos, index.names[order[peak_pos]] if order else "",
                           live_at_peak, peak_dev, timeline, unknown)
+
+
+def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
+    if op not in ALIASING_OPS or not inputs:
+        return None
+    if op == "IdentityN":
+        return inputs[k] if k < len(inputs) else None
+    return inputs[0] if k == 0 else None
+
+
+def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
+    """An input buffer of the same size read for the last time here, which TF's element-wise
+    kernels take over as their output instead of allocating."""
+    if op not in FORWARDING_OPS:
+        return None
+    for t in inputs:
+        buf = buffer_of.get(t)
+        if buf is None or buf in taken or size.get(buf) != nbytes_out:
+            continue
+        reads_here = sum(1 for u in inputs if buffer_of.get(u) == buf)
+        if pending.get(buf, 0) == reads_here:
+            return buf
+    return None
+
+
+def _size_of(index: GraphIndex, t: Tensor, batch_size: int | None) -> int:
+    return nbytes(index.shape(t), index.dtype(t), batch_size) or 0
 
 
 def _reads_variable(index: GraphIndex, i: int) -> bool:
     ins = index.data_inputs[i]
     return bool(ins) and index.ops[ins[0][0]] in VARIABLE_OPS
-
-
-def _live_at(index, order, pos, size, last_use, at: int, top: int) -> list[LiveTensor]:
-    live = []
-    for buf, b in size.items():
-        if b and pos.get(buf[0], 1 << 60) <= at <= last_use.get(buf, -1):
-            live.append(LiveTensor(index.tensor_name(buf), b, index.shape(buf)))
-    live.sort(key=lambda t: -t.bytes)
-    return live[:top]

@@ -276,17 +276,27 @@ class GraphIndex:
         return bool(self.frame[i])
 
     def set_shapes(self, shapes: dict[str, list[list[int] | None]],
-                   types: dict[str, list[int]]) -> None:
-        """Fill shapes (and dtypes) found by TensorFlow's shape inference."""
+                   types: dict[str, list[int]], override: bool = False) -> None:
+        """Fill shapes (and dtypes) found by TensorFlow's shape inference; with `override`,
+        also replace shapes the graph carried when the new ones know more."""
         for name, value in shapes.items():
             i = self.id_of.get(name)
             if i is None:
                 continue
-            if self.out_shapes[i] is None:
+            old = self.out_shapes[i]
+            if old is None or (override and _known_dims(value) > _known_dims(old)):
                 self.out_shapes[i] = value
             if self.out_dtypes[i] is None and name in types:
                 self.out_dtypes[i] = types[name]
                 self.num_outputs[i] = max(self.num_outputs[i], len(types[name]))
+
+    def has_inner_unknown_dims(self) -> bool:
+        """Whether some output's size stays unknown even with a batch size."""
+        for shapes in self.out_shapes:
+            for shape in shapes or ():
+                if shape is None or any(d < 0 for d in shape[1:]):
+                    return True
+        return False
 
     def has_shapes(self) -> bool:
         return any(s is not None for s in self.out_shapes)
@@ -297,6 +307,10 @@ class GraphIndex:
             if f:
                 counts[f] = counts.get(f, 0) + 1
         return counts
+
+
+def _known_dims(shapes: list[list[int] | None] | None) -> int:
+    return sum(1 for s in shapes or () if s is not None for d in s if d >= 0)
 
 
 def _output_shapes(node: Message) -> list[list[int] | None] | None:

@@ -24,9 +24,13 @@ class Workspace:
     view: FunctionView | None
     index: GraphIndex
     shapes_from_tensorflow: bool = False
+    shape_overrides: dict | None = None  # shapes TensorFlow inferred, by node name
 
     @classmethod
-    def open(cls, model: LoadedModel, infer_shapes: bool = True) -> Workspace:
+    def open(cls, model: LoadedModel, infer_shapes: bool = True,
+             batch_size: int | None = None) -> Workspace:
+        """Index the model's graph. Shapes come from the graph; TensorFlow fills them in
+        when the graph has none, or, given a batch size, when some stay unknown without it."""
         registry = OpRegistry.for_graph(model.graph_def, model.meta_graph)
         view = None
         graph_def = model.graph_def
@@ -34,11 +38,14 @@ class Workspace:
             view = FunctionView.build(model.function, registry)
             graph_def = view.graph_def
         ws = cls(model, registry, graph_def, view, GraphIndex.build(graph_def, registry))
-        if infer_shapes and not ws.index.has_shapes() and view is None:
+        if infer_shapes and view is None and (
+                not ws.index.has_shapes()
+                or (batch_size and ws.index.has_inner_unknown_dims() and _tf_available())):
             from graphmem.runtime.shape_inference import infer_shapes as tf_infer
 
-            shapes, types = tf_infer(graph_def)
-            ws.index.set_shapes(shapes, types)
+            shapes, types = tf_infer(graph_def, batch_size)
+            ws.index.set_shapes(shapes, types, override=True)
+            ws.shape_overrides = shapes
             ws.shapes_from_tensorflow = True
         return ws
 
@@ -50,7 +57,15 @@ class Workspace:
         return list(meta.collection_def[key].node_list.value)
 
     def reindex(self) -> GraphIndex:
-        self.index = _rebuild(self.index, self.graph_def, self.registry)
+        """Rebuild the index after a pass; inferred shapes carry over to copies of an op."""
+        self.index = GraphIndex.build(self.graph_def, self.registry)
+        if self.shape_overrides:
+            from graphmem.passes.recompute import original_name
+
+            by_copy = {n: self.shape_overrides.get(original_name(n))
+                       for n in self.index.names}
+            self.index.set_shapes({k: v for k, v in by_copy.items() if v is not None}, {},
+                                  override=True)
         return self.index
 
     def commit(self) -> None:
@@ -59,13 +74,7 @@ class Workspace:
             self.view.write_back()
 
 
-def _rebuild(old: GraphIndex, graph_def: Message, registry: OpRegistry) -> GraphIndex:
-    new = GraphIndex.build(graph_def, registry)
-    if not any(s is not None for s in new.out_shapes[: len(old)]) and old.has_shapes():
-        for i in range(len(new)):
-            j = old.id_of.get(new.names[i])
-            if j is not None:
-                new.out_shapes[i] = old.out_shapes[j]
-                if new.out_dtypes[i] is None:
-                    new.out_dtypes[i] = old.out_dtypes[j]
-    return new
+def _tf_available() -> bool:
+    from graphmem.runtime.tf_loader import available
+
+    return available()

@@ -25,6 +25,13 @@ COPY_SCOPE = "graphmem_recompute"
 NO_DATA_READERS = SHAPE_ONLY_OPS | {"ZerosLike", "OnesLike"}
 
 
+def original_name(name: str) -> str:
+    """The op a recompute copy was made from (the name itself for any other op)."""
+    if name.startswith(COPY_SCOPE + "/"):
+        return name.split("/", 2)[2]
+    return name
+
+
 @dataclass
 class Segment:
     index: int

@@ -1,4 +1,6 @@
-"""Static shapes from TensorFlow, for graphs saved without `_output_shapes`."""
+"""Static shapes from TensorFlow: for graphs saved without `_output_shapes`, and to resolve
+dimensions that stay unknown until the batch size is known (reshapes computed from `tf.shape`).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +9,18 @@ from google.protobuf.message import Message
 from graphmem.runtime.tf_loader import tensorflow
 
 
-def infer_shapes(graph_def: Message) -> tuple[dict[str, list[list[int] | None]], dict[str, list[int]]]:
-    tf = tensorflow("the graph carries no _output_shapes; TensorFlow infers them")
+def infer_shapes(graph_def: Message, batch_size: int | None = None
+                 ) -> tuple[dict[str, list[list[int] | None]], dict[str, list[int]]]:
+    """Shapes and dtypes of every op's outputs; with `batch_size`, placeholders get it as
+    their unknown leading dimension first, so shapes computed from it become static."""
+    tf = tensorflow("TensorFlow infers the shapes the graph does not carry")
     tf_graph_def = tf.compat.v1.GraphDef.FromString(graph_def.SerializeToString())
+    for node in tf_graph_def.node:
+        node.attr.pop("_output_shapes", None)
+        if batch_size and node.op in ("Placeholder", "PlaceholderV2") and "shape" in node.attr:
+            dims = node.attr["shape"].shape.dim
+            if dims and dims[0].size < 0:
+                dims[0].size = batch_size
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(tf_graph_def, name="")
