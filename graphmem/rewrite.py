@@ -50,6 +50,9 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     index = ws.index
     regions = analyze_regions(index, options.backward_scopes, options.batch_size,
                               ws.collection("losses"))
+    if ws.refine_shapes(regions.step_nodes(index), options.batch_size):
+        regions = analyze_regions(index, options.backward_scopes, options.batch_size,
+                                  ws.collection("losses"))
     facts = analyze_forward(index, regions)
     before = estimate_memory(index, options.batch_size, nodes=regions.step_nodes(index))
     choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,

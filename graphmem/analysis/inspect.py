@@ -52,6 +52,8 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
                  top: int = 10) -> tuple[InspectFacts, Regions]:
     index = ws.index
     regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
+    if ws.refine_shapes(regions.step_nodes(index), batch_size):
+        regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     saved = sorted(regions.saved, key=lambda s: -(s.bytes or 0))
     variables = find_variables(index)
     frames = index.frames()

@@ -290,10 +290,13 @@ class GraphIndex:
                 self.out_dtypes[i] = types[name]
                 self.num_outputs[i] = max(self.num_outputs[i], len(types[name]))
 
-    def has_inner_unknown_dims(self) -> bool:
-        """Whether some output's size stays unknown even with a batch size."""
-        for shapes in self.out_shapes:
-            for shape in shapes or ():
+    def has_inner_unknown_dims(self, nodes) -> bool:
+        """Whether some data output of `nodes` has a size unknown even with a batch size."""
+        for i in nodes:
+            types = self.out_dtypes[i] or ()
+            for k, shape in enumerate(self.out_shapes[i] or ()):
+                if k < len(types) and dtypes.base(types[k]) in (dtypes.RESOURCE, dtypes.VARIANT):
+                    continue
                 if shape is None or any(d < 0 for d in shape[1:]):
                     return True
         return False

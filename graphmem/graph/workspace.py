@@ -29,8 +29,8 @@ class Workspace:
     @classmethod
     def open(cls, model: LoadedModel, infer_shapes: bool = True,
              batch_size: int | None = None) -> Workspace:
-        """Index the model's graph. Shapes come from the graph; TensorFlow fills them in
-        when the graph has none, or, given a batch size, when some stay unknown without it."""
+        """Index the model's graph. Shapes come from the graph, or from TensorFlow when the
+        graph carries none."""
         registry = OpRegistry.for_graph(model.graph_def, model.meta_graph)
         view = None
         graph_def = model.graph_def
@@ -38,16 +38,27 @@ class Workspace:
             view = FunctionView.build(model.function, registry)
             graph_def = view.graph_def
         ws = cls(model, registry, graph_def, view, GraphIndex.build(graph_def, registry))
-        if infer_shapes and view is None and (
-                not ws.index.has_shapes()
-                or (batch_size and ws.index.has_inner_unknown_dims() and _tf_available())):
-            from graphmem.runtime.shape_inference import infer_shapes as tf_infer
-
-            shapes, types = tf_infer(graph_def, batch_size)
-            ws.index.set_shapes(shapes, types, override=True)
-            ws.shape_overrides = shapes
-            ws.shapes_from_tensorflow = True
+        if infer_shapes and view is None and not ws.index.has_shapes():
+            ws._infer_shapes(batch_size)
         return ws
+
+    def refine_shapes(self, nodes: set[int], batch_size: int | None) -> bool:
+        """Ask TensorFlow for static shapes, with the batch size fixed, when outputs of
+        `nodes` stay unknown without it (reshapes computed from `tf.shape`). Returns whether
+        shapes changed; without TensorFlow, sizes stay unknown and are reported as such."""
+        if (self.view is not None or not batch_size or self.shape_overrides is not None
+                or not self.index.has_inner_unknown_dims(nodes) or not _tf_available()):
+            return False
+        self._infer_shapes(batch_size)
+        return True
+
+    def _infer_shapes(self, batch_size: int | None) -> None:
+        from graphmem.runtime.shape_inference import infer_shapes as tf_infer
+
+        shapes, types = tf_infer(self.graph_def, batch_size)
+        self.index.set_shapes(shapes, types, override=True)
+        self.shape_overrides = shapes
+        self.shapes_from_tensorflow = True
 
     def collection(self, key: str) -> list[str]:
         """Names held by a MetaGraphDef collection (node_list), e.g. `losses`, `train_op`."""
