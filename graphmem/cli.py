@@ -39,6 +39,36 @@ def model_options(fn):
     return fn
 
 
+def estimate_options(fn):
+    """Options about the memory estimate, shared by inspect and rewrite."""
+    fn = click.option("--grappler", is_flag=True,
+                      help="Estimate on the graph as Grappler will run it (fusions, pruning; "
+                           "TF1 graphs, needs TensorFlow).")(fn)
+    fn = click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
+                      help="Draw estimated memory over the step.")(fn)
+    fn = click.option("--max-peak", metavar="SIZE",
+                      help="Exit 1 when the estimated step peak is above SIZE (e.g. 1.5GiB, "
+                           "300MB): a CI gate.")(fn)
+    return fn
+
+
+def _parse_max_peak(text):
+    if text is None:
+        return None
+    from graphmem.units import parse_size
+
+    return parse_size(text)
+
+
+def _gate(peak: int, limit: int | None, what: str) -> None:
+    if limit is not None and peak > limit:
+        from graphmem.errors import CheckFailed
+        from graphmem.units import format_bytes
+
+        raise CheckFailed(f"{what} {format_bytes(peak)} is above --max-peak "
+                          f"{format_bytes(limit)} (by {format_bytes(peak - limit)})")
+
+
 def handles_errors(fn):
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -79,23 +109,34 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 @main.command()
 @click.argument("model", type=click.Path())
 @model_options
+@estimate_options
 @click.option("--top", default=10, show_default=True, help="How many of the largest to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
-def inspect(model, fmt, tag, function, batch_size, backward_scope, top, as_json):
+def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plot, max_peak,
+            top, as_json):
     """Summarize a training graph: regions, saved activations, variables, memory."""
     from graphmem.analysis.inspect import gather_facts
 
+    limit = _parse_max_peak(max_peak)
     ws = _open(model, fmt, tag, function, batch_size)
-    facts, _ = gather_facts(ws, batch_size, backward_scope or None, top)
+    facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
+                            keep_timeline=bool(plot))
+    if plot:
+        from graphmem.report.plot import Series, write_plot
+
+        write_plot(plot, [Series("estimated", facts.timeline)],
+                   f"graphmem inspect {Path(model).name}")
     if as_json:
         from graphmem.report.json_out import emit
 
+        facts.timeline = []
         emit(facts)
     else:
         from graphmem.report.inspect_report import render_inspect
 
         render_inspect(facts, _console())
+    _gate(facts.estimated_peak_bytes, limit, "estimated step peak")
 
 
 @main.command()
@@ -108,15 +149,24 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, top, as_json)
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
+@estimate_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
-            as_json):
+            grappler, plot, max_peak, as_json):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None)
+    limit = _parse_max_peak(max_peak)
+    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
+                             grappler, keep_timeline=bool(plot))
     result = rewrite_file(model, output, options, fmt, tag, function)
+    if plot:
+        from graphmem.report.plot import Series, write_plot
+
+        write_plot(plot, [Series("original", result.before.timeline),
+                          Series(f"rewritten ({policy})", result.after.timeline)],
+                   f"graphmem rewrite {Path(model).name}")
     if as_json:
         from graphmem.report.json_out import emit
         from graphmem.report.rewrite_report import rewrite_document
@@ -126,6 +176,7 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
         from graphmem.report.rewrite_report import render_rewrite
 
         render_rewrite(result, str(output), _console())
+    _gate(result.after.peak_bytes, limit, "estimated step peak after the rewrite")
 
 
 @main.command()

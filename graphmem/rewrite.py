@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graphmem.analysis.activations import analyze_forward
-from graphmem.analysis.memory import MemoryEstimate, estimate_memory
+from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
+from graphmem.estimate import estimate_step
 from graphmem.formats import LoadedModel, load_model, save_model
 from graphmem.graph import dtypes
 from graphmem.graph.workspace import Workspace
@@ -32,6 +33,8 @@ class RewriteOptions:
     checkpoint_patterns: list[str] = field(default_factory=list)
     batch_size: int | None = None
     backward_scopes: list[str] | None = None
+    grappler: bool = False  # estimate on the graph as Grappler will run it
+    keep_timeline: bool = False  # for plots
 
 
 @dataclass
@@ -54,7 +57,8 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         regions = analyze_regions(index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))
     facts = analyze_forward(index, regions)
-    before = estimate_memory(index, options.batch_size, nodes=regions.step_nodes(index))
+    before = estimate_step(ws, regions, options.batch_size, options.backward_scopes,
+                           options.grappler, keep_timeline=options.keep_timeline)
     choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
                                 options.checkpoint_patterns, ws.collection("checkpoints"))
     checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
@@ -68,8 +72,8 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     new_index = ws.reindex()
     new_regions = analyze_regions(new_index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))
-    after = estimate_memory(new_index, options.batch_size,
-                            nodes=new_regions.step_nodes(new_index))
+    after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
+                          options.grappler, keep_timeline=options.keep_timeline)
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, before, after, nodes_before,
                          len(new_index))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from graphmem.analysis.memory import estimate_memory
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.analysis.variables import find_variables
+from graphmem.estimate import estimate_step
 from graphmem.graph import dtypes
 from graphmem.graph.index import CONTROL_FLOW_V2
 from graphmem.graph.workspace import Workspace
@@ -46,10 +46,13 @@ class InspectFacts:
     untouched: list[Untouched]
     batch_size: int | None
     shapes_from: str
+    estimated_on: str  # "graph" or "grappler"
+    timeline: list[int] = field(default_factory=list)
 
 
 def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
-                 top: int = 10) -> tuple[InspectFacts, Regions]:
+                 top: int = 10, grappler: bool = False,
+                 keep_timeline: bool = False) -> tuple[InspectFacts, Regions]:
     index = ws.index
     regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     if ws.refine_shapes(regions.step_nodes(index), batch_size):
@@ -58,7 +61,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
     variables = find_variables(index)
     frames = index.frames()
     v2 = [index.names[i] for i in range(len(index)) if index.ops[i] in CONTROL_FLOW_V2]
-    mem = estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index))
+    mem = estimate_step(ws, regions, batch_size, backward_scopes, grappler, top, keep_timeline)
     devices = Counter(d or "(unplaced)" for d in index.devices)
     untouched: list[Untouched] = []
     if frames or v2:
@@ -109,5 +112,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         untouched=untouched,
         batch_size=batch_size,
         shapes_from="tensorflow" if ws.shapes_from_tensorflow else "graph",
+        estimated_on="grappler" if grappler else "graph",
+        timeline=mem.timeline,
     )
     return facts, regions

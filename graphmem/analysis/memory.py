@@ -46,7 +46,7 @@ class MemoryEstimate:
     peak_op: str  # the op running at the peak
     live_at_peak: list[LiveTensor] = field(default_factory=list)  # largest first
     peak_by_device: dict[str, int] = field(default_factory=dict)
-    timeline: list[int] = field(default_factory=list)  # bytes live after each op
+    timeline: list[int] = field(default_factory=list)  # bytes live while each op runs
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
 
 
@@ -106,6 +106,8 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
             if b:
                 live += b
                 live_dev[dev] = live_dev.get(dev, 0) + b
+        if keep_timeline:
+            timeline.append(live)
         if live > peak:
             peak, peak_pos = live, p
             peak_live = [(buf, n) for buf, n in pending.items() if size.get(buf)]
@@ -127,8 +129,6 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     live -= b
                     d = device_of[buf[0]] or ""
                     live_dev[d] -= b
-        if keep_timeline:
-            timeline.append(live)
     live_at_peak = sorted((LiveTensor(index.tensor_name(buf), _size_of(index, buf, batch_size),
                                       index.shape(buf)) for buf, _ in peak_live),
                           key=lambda t: -t.bytes)[:top]

@@ -73,3 +73,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
                   f"[bold]{format_bytes(a.peak_bytes)}[/] ({ratio:.2f}x), persistent "
                   f"{format_bytes(a.persistent_bytes)}; nodes {result.nodes_before} -> "
                   f"{result.nodes_after}")
+    width = 40
+    top = max(b.peak_bytes, a.peak_bytes, 1)
+    for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
+        bar = "█" * max(1, round(width * est.peak_bytes / top))
+        console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)} at "
+                      f"{est.peak_op}")

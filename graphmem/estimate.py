@@ -1,0 +1,38 @@
+"""Estimate one training step's memory for a workspace, on its own graph or on the graph
+Grappler will make of it (`grappler=True`, TF1 graphs, needs TensorFlow)."""
+
+from __future__ import annotations
+
+from graphmem.analysis.memory import MemoryEstimate, estimate_memory
+from graphmem.analysis.regions import Regions, analyze_regions
+from graphmem.errors import UsageError
+from graphmem.graph.index import GraphIndex
+from graphmem.graph.workspace import Workspace
+
+
+def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
+                  backward_scopes=None, grappler: bool = False, top: int = 10,
+                  keep_timeline: bool = False) -> MemoryEstimate:
+    index = ws.index
+    if not grappler:
+        return estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index),
+                               keep_timeline=keep_timeline)
+    if ws.view is not None:
+        raise UsageError("--grappler estimates TF1 graphs; TF2 train steps are optimized "
+                         "when TensorFlow loads them")
+    from graphmem.runtime.grappler import grappler_graph
+    from graphmem.runtime.shape_inference import infer_shapes
+
+    fetches = ws.collection("train_op") or [index.names[i] for i in _sinks(index, regions)]
+    graph = grappler_graph(ws.model.meta_graph, ws.graph_def, fetches)
+    optimized = GraphIndex.build(graph, ws.registry)
+    shapes, types = infer_shapes(graph, batch_size)
+    optimized.set_shapes(shapes, types, override=True)
+    opt_regions = analyze_regions(optimized, backward_scopes, batch_size)
+    return estimate_memory(optimized, batch_size, top=top,
+                           nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline)
+
+
+def _sinks(index: GraphIndex, regions: Regions) -> list[int]:
+    return [i for i in regions.optimizer
+            if not index.data_consumers(i) and not index.control_consumers[i]]
