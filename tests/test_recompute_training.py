@@ -114,9 +114,10 @@ def test_recompute_lowers_the_measured_peak(tmp_path):
     src, out, _ = _rewrite("mlp", tmp_path, "memory")
     for threads in (1, 2):
         spec = RunSpec(batch_size=256, inter_op_threads=threads)
-        result = verify(str(src), str(out), spec, 4, 0.0, 0.0)
+        result = verify(str(src), str(out), spec, 6, 0.0, 0.0)
         assert result.same_training
-        assert result.rewritten.measured_peak_bytes < 0.85 * result.original.measured_peak_bytes
+        # typically 0.45-0.6x; copies that run in the forward pass would give about 1.0x
+        assert result.rewritten.measured_peak_bytes < 0.9 * result.original.measured_peak_bytes
 
 
 def test_verify_cli_reports_json_and_exit_codes(tmp_path):
