@@ -52,6 +52,64 @@ def estimate_options(fn):
     return fn
 
 
+def swap_options(fn):
+    """The swap pass's knobs (IBM LMS's, under these names)."""
+    opts = [
+        click.option("--swap", is_flag=True,
+                     help="Swap saved activations to host memory and back (with a recompute "
+                          "policy: swap its checkpoints)."),
+        click.option("--swap-threshold", metavar="SIZE", default="0",
+                     help="Swap only tensors at least this large (e.g. 4MiB)."),
+        click.option("--swap-max-tensors", type=click.IntRange(min=1), metavar="N",
+                     help="Swap at most N tensors (earliest in the forward pass first)."),
+        click.option("--swap-include", multiple=True, metavar="REGEX",
+                     help="Only swap tensors whose op name or type matches. Repeatable."),
+        click.option("--swap-exclude", multiple=True, metavar="REGEX",
+                     help="Never swap tensors whose op name or type matches. Repeatable."),
+        click.option("--swap-start", multiple=True, metavar="SCOPE",
+                     help="Start the forward walk at these scopes or op names (default: the "
+                          "whole forward pass). Repeatable."),
+        click.option("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
+                     help="Trigger a swap-in between LB and UB backward ops ahead of its "
+                          "reader."),
+        click.option("--swap-fuse", is_flag=True,
+                     help="One swap-in per tensor for all its backward readers."),
+        click.option("--swap-branches", is_flag=True,
+                     help="Also swap for forward readers far from the producer."),
+        click.option("--swap-branch-threshold", default=20, show_default=True, metavar="N",
+                     help="Topological distance that makes a forward reader far."),
+        click.option("--device", "swap_device", metavar="DEVICE",
+                     help="Device whose memory is saved (default: each tensor's own)."),
+        click.option("--host-device", default="/device:CPU:0", show_default=True,
+                     help="Where swapped tensors wait."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _swap_options_from(kw: dict):
+    if not kw.pop("swap"):
+        for key in list(kw):
+            kw.pop(key)
+        return None
+    from graphmem.errors import UsageError
+    from graphmem.passes.swap import SwapOptions
+    from graphmem.units import parse_size
+
+    lb, sep, ub = kw.pop("swap_in_ahead").partition(":")
+    if not sep or not lb.isdigit() or not ub.isdigit() or int(lb) > int(ub):
+        raise UsageError("--swap-in-ahead wants LB:UB with 0 <= LB <= UB, e.g. 1:10")
+    return SwapOptions(
+        threshold=parse_size(kw.pop("swap_threshold")),
+        max_tensors=kw.pop("swap_max_tensors"),
+        include=list(kw.pop("swap_include")), exclude=list(kw.pop("swap_exclude")),
+        start=list(kw.pop("swap_start")), ahead=(int(lb), int(ub)),
+        fuse=kw.pop("swap_fuse"), branches=kw.pop("swap_branches"),
+        branch_threshold=kw.pop("swap_branch_threshold"), device=kw.pop("swap_device"),
+        host=kw.pop("host_device"))
+
+
 def _parse_max_peak(text):
     if text is None:
         return None
@@ -145,21 +203,24 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
               help="Where to write the rewritten model (same format as the input).")
 @model_options
 @click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "none"]),
-              default="memory", show_default=True, help="How checkpoints are chosen.")
+              help="How checkpoints are chosen (default: memory; none with --swap).")
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
+@swap_options
 @estimate_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
-            grappler, plot, max_peak, as_json):
+            grappler, plot, max_peak, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
     limit = _parse_max_peak(max_peak)
+    swap = _swap_options_from(swap_kw)
+    policy = policy or ("none" if swap and not patterns else "memory")
     options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
-                             grappler, keep_timeline=bool(plot))
+                             grappler, keep_timeline=bool(plot), swap=swap)
     result = rewrite_file(model, output, options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot

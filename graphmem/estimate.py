@@ -12,11 +12,12 @@ from graphmem.graph.workspace import Workspace
 
 def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
                   backward_scopes=None, grappler: bool = False, top: int = 10,
-                  keep_timeline: bool = False) -> MemoryEstimate:
+                  keep_timeline: bool = False, host_device: str | None = None
+                  ) -> MemoryEstimate:
     index = ws.index
     if not grappler:
         return estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index),
-                               keep_timeline=keep_timeline)
+                               keep_timeline=keep_timeline, host_device=host_device)
     if ws.view is not None:
         raise UsageError("--grappler estimates TF1 graphs; TF2 train steps are optimized "
                          "when TensorFlow loads them")
@@ -30,7 +31,8 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     optimized.set_shapes(shapes, types, override=True)
     opt_regions = analyze_regions(optimized, backward_scopes, batch_size)
     return estimate_memory(optimized, batch_size, top=top,
-                           nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline)
+                           nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline,
+                           host_device=host_device)
 
 
 def _sinks(index: GraphIndex, regions: Regions) -> list[int]:

@@ -5,7 +5,7 @@ Kept apart from the CLI so tests and benchmarks run the same sequence the comman
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graphmem.analysis.activations import analyze_forward
@@ -17,6 +17,7 @@ from graphmem.graph import dtypes
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.checkpoints import CheckpointChoice, choose_checkpoints
 from graphmem.passes.recompute import RecomputePlan, apply_recompute
+from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
 
 
 @dataclass
@@ -35,6 +36,7 @@ class RewriteOptions:
     backward_scopes: list[str] | None = None
     grappler: bool = False  # estimate on the graph as Grappler will run it
     keep_timeline: bool = False  # for plots
+    swap: SwapOptions | None = None  # swap pass on, with these options
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RewriteResult:
     choice: CheckpointChoice
     checkpoints: list[CheckpointFact]
     plan: RecomputePlan
+    swap: SwapPlan | None
     before: MemoryEstimate
     after: MemoryEstimate
     nodes_before: int
@@ -57,8 +60,10 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         regions = analyze_regions(index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))
     facts = analyze_forward(index, regions)
+    host = options.swap.host if options.swap else None
     before = estimate_step(ws, regions, options.batch_size, options.backward_scopes,
-                           options.grappler, keep_timeline=options.keep_timeline)
+                           options.grappler, keep_timeline=options.keep_timeline,
+                           host_device=host)
     choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
                                 options.checkpoint_patterns, ws.collection("checkpoints"))
     checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
@@ -72,11 +77,31 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     new_index = ws.reindex()
     new_regions = analyze_regions(new_index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))
+    swap_plan = None
+    if options.swap is not None:
+        kept = [c.name for c in checkpoints] if choice.policy != "none" else None
+        swap_plan, new_index, new_regions = _swap(ws, new_index, new_regions, kept, options)
     after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
-                          options.grappler, keep_timeline=options.keep_timeline)
+                          options.grappler, keep_timeline=options.keep_timeline,
+                          host_device=host)
     ws.commit()
-    return RewriteResult(ws.model, choice, checkpoints, plan, before, after, nodes_before,
-                         len(new_index))
+    return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
+                         nodes_before, len(new_index))
+
+
+def _swap(ws: Workspace, index, regions, kept: list[str] | None, options: RewriteOptions):
+    """Swap saved activations, or with a recompute policy, the checkpoints it kept."""
+    swap_options = options.swap
+    if kept is not None:
+        found = [index.tensor(name) for name in kept]
+        swap_options = replace(swap_options, tensors=[t for t in found if t is not None])
+    plan = SwapPlan()
+    tensors = choose_swap_tensors(index, regions, swap_options, options.batch_size, plan)
+    apply_swap(index, regions, tensors, swap_options, options.batch_size, plan)
+    new_index = ws.reindex()
+    new_regions = analyze_regions(new_index, options.backward_scopes, options.batch_size,
+                                  ws.collection("losses"))
+    return plan, new_index, new_regions
 
 
 def _bytes(index, t, batch_size):

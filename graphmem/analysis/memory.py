@@ -48,15 +48,19 @@ class MemoryEstimate:
     peak_by_device: dict[str, int] = field(default_factory=dict)
     timeline: list[int] = field(default_factory=list)  # bytes live while each op runs
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
+    host_peak_bytes: int = 0  # peak on the host device when it is excluded (swap)
 
 
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     keep_timeline: bool = False, top: int = 10,
                     order: list[int] | None = None,
                     nodes: set[int] | None = None,
-                    schedule: str = "executor") -> MemoryEstimate:
+                    schedule: str = "executor",
+                    host_device: str | None = None) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
-    in the executor's order (`schedule="executor"`) or the topological one ("topo")."""
+    in the executor's order (`schedule="executor"`) or the topological one ("topo").
+    With `host_device`, buffers on that device are left out of the peak and reported as
+    `host_peak_bytes` (the device being saved is everything else)."""
     if order is None:
         order = executor_order(index, nodes, batch_size) if schedule == "executor" \
             else index.topo
@@ -64,7 +68,8 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         order = [i for i in order if i in nodes]
     member = set(order)
     persistent = persistent_bytes(index)
-    device_of = index.devices
+    host = normalize_device(host_device) if host_device else None
+    device_of = [normalize_device(d) for d in index.devices]
     pending: dict[Tensor, int] = {}  # reads still to come, per buffer
     size: dict[Tensor, int] = {}
     buffer_of: dict[Tensor, Tensor] = {}
@@ -73,16 +78,19 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     live_dev: dict[str, int] = {}
     peak_dev: dict[str, int] = {}
     peak, peak_pos, peak_live = 0, 0, []
+    host_peak = 0
     timeline: list[int] = []
     for p, i in enumerate(order):
         op = index.ops[i]
-        dev = device_of[i] or ""
+        dev = device_of[i]
         inputs = [t for t in index.data_inputs[i] if t[0] in member]
         taken: set[Tensor] = set()
         for k in range(index.num_outputs[i]):
             t = (i, k)
             readers = sum(1 for c in index.consumers.get(t, ()) if c in member)
             src = _aliased_input(op, k, inputs)
+            if src is not None and device_of[src[0]] != dev:
+                src = None  # an identity across devices is a copy: it allocates
             if src is not None and src in buffer_of:
                 buf = buffer_of[src]
                 buffer_of[t] = buf
@@ -104,13 +112,17 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
             size[t] = b
             pending[t] = readers
             if b:
-                live += b
                 live_dev[dev] = live_dev.get(dev, 0) + b
+                if dev == host:
+                    host_peak = max(host_peak, live_dev[dev])
+                else:
+                    live += b
         if keep_timeline:
             timeline.append(live)
         if live > peak:
             peak, peak_pos = live, p
-            peak_live = [(buf, n) for buf, n in pending.items() if size.get(buf)]
+            peak_live = [(buf, n) for buf, n in pending.items()
+                         if size.get(buf) and device_of[buf[0]] != host]
         if live_dev.get(dev, 0) > peak_dev.get(dev, 0):
             peak_dev[dev] = live_dev[dev]
         touched = set()
@@ -126,14 +138,26 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                 b = size.pop(buf)
                 pending.pop(buf, None)
                 if b:
-                    live -= b
-                    d = device_of[buf[0]] or ""
+                    d = device_of[buf[0]]
                     live_dev[d] -= b
+                    if d != host:
+                        live -= b
     live_at_peak = sorted((LiveTensor(index.tensor_name(buf), _size_of(index, buf, batch_size),
                                       index.shape(buf)) for buf, _ in peak_live),
                           key=lambda t: -t.bytes)[:top]
     return MemoryEstimate(peak, persistent, peak_pos, index.names[order[peak_pos]] if order else "",
-                          live_at_peak, peak_dev, timeline, unknown)
+                          live_at_peak, peak_dev, timeline, unknown, host_peak)
+
+
+def normalize_device(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:0', '/cpu:0' -> '/device:CPU:0'."""
+    if not device:
+        return ""
+    tail = device.rsplit("/", 1)[-1]
+    if tail.lower().startswith("device:"):
+        tail = tail[len("device:"):]
+    kind, _, number = tail.partition(":")
+    return f"/device:{kind.upper()}:{number or '0'}"
 
 
 def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:

@@ -28,11 +28,20 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "kept_not_recomputable": plan.kept_blocked,
         "update_guards": plan.update_guards,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
-        "before": {"estimated_peak_bytes": result.before.peak_bytes,
-                   "persistent_bytes": result.before.persistent_bytes},
-        "after": {"estimated_peak_bytes": result.after.peak_bytes,
-                  "persistent_bytes": result.after.persistent_bytes},
+        "before": _estimate_doc(result.before, result.swap is not None),
+        "after": _estimate_doc(result.after, result.swap is not None),
+        "swap": None if result.swap is None else {
+            "pairs": result.swap.pairs, "swapped_tensors": result.swap.swapped_tensors,
+            "bytes_moved_per_step": result.swap.bytes_moved, "skipped": result.swap.skipped},
     }
+
+
+def _estimate_doc(est, swapping: bool) -> dict:
+    doc = {"estimated_peak_bytes": est.peak_bytes, "persistent_bytes": est.persistent_bytes,
+           "peak_op": est.peak_op, "peak_by_device": est.peak_by_device}
+    if swapping:
+        doc["host_peak_bytes"] = est.host_peak_bytes
+    return doc
 
 
 def render_rewrite(result: RewriteResult, output: str, console: Console) -> None:
@@ -67,6 +76,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")
+    if result.swap is not None:
+        _render_swap(result, console)
     b, a = result.before, result.after
     ratio = a.peak_bytes / b.peak_bytes if b.peak_bytes else 1.0
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
@@ -79,3 +90,25 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
         bar = "█" * max(1, round(width * est.peak_bytes / top))
         console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)} at "
                       f"{est.peak_op}")
+
+
+def _render_swap(result: RewriteResult, console: Console) -> None:
+    swap = result.swap
+    t = Table(title=f"swap: {swap.swapped_tensors} tensors in {len(swap.pairs)} swap pairs, "
+                    f"{format_bytes(swap.bytes_moved)} moved per step", title_justify="left")
+    t.add_column("tensor")
+    t.add_column("bytes", justify="right")
+    t.add_column("swap-in")
+    t.add_column("trigger")
+    t.add_column("ahead", justify="right")
+    for p in swap.pairs[:30]:
+        t.add_row(p.tensor, format_bytes(p.bytes), p.swap_in.rsplit("/", 1)[-1],
+                  p.trigger or "[red]none[/]", f"{p.distance} ({p.how})" if p.distance else "-")
+    if swap.pairs:
+        console.print(t)
+    if len(swap.pairs) > 30:
+        console.print(f"... and {len(swap.pairs) - 30} more pairs (see --json)")
+    for why, count in swap.skipped.items():
+        console.print(f"[yellow]not swapped[/]: {count} tensors, {why}")
+    console.print(f"host memory: peak {format_bytes(result.after.host_peak_bytes)} "
+                  "(not counted in the device peak below)")
