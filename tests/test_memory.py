@@ -99,11 +99,39 @@ def test_peaks_per_device_and_batch_size():
     g.op("c", "Op", "h", shape=(-1, 2048), device="/device:CPU:0")
     v = 10 * 2048 * 4
     est = estimate_memory(g.index(), batch_size=10)
+    # x, a on the GPU; h is an Identity across devices, so a copy: h then c on the CPU
     assert est.peak_by_device["/device:GPU:0"] == 2 * v
-    assert est.peak_by_device["/device:CPU:0"] == v
+    assert est.peak_by_device["/device:CPU:0"] == 2 * v
     assert est.peak_bytes == 2 * v
+    host = estimate_memory(g.index(), batch_size=10, host_device="/cpu:0")
+    assert host.peak_bytes == 2 * v and host.host_peak_bytes == 2 * v
     unknown = estimate_memory(g.index())
-    assert unknown.peak_bytes == 0 and unknown.unknown_tensors == 3
+    assert unknown.peak_bytes == 0 and unknown.unknown_tensors == 4
+
+
+def test_swapped_tensor_leaves_the_device_between_its_uses():
+    # a (U) is made early and read late; b and c (2U each) come in between
+    def graph(swap: bool):
+        g = G()
+        g.op("x", "Placeholder", shape=N)
+        g.op("a", "Op", "x", shape=N)
+        g.op("b", "Op", "a", shape=(4096,))
+        g.op("c", "Op", "b", shape=(4096,))
+        late_input = "a"
+        if swap:
+            g.op("a_out", "Identity", "a", shape=N, device="/device:CPU:0")
+            g.op("a_in", "Identity", "a_out", "^c", shape=N)
+            late_input = "a_in"
+        g.op("d", "Op", "c", late_input, shape=N)
+        return g.index()
+
+    plain = estimate_memory(graph(False), host_device="/device:CPU:0")
+    swapped = estimate_memory(graph(True), host_device="/device:CPU:0")
+    # plain: at c, a + b + c = 5U. swapped: a leaves after b (a + b = 3U), c: b + c = 4U,
+    # then a_in comes back after c: c + a_in + d = 4U at d
+    assert plain.peak_bytes == 5 * U
+    assert swapped.peak_bytes == 4 * U
+    assert swapped.host_peak_bytes == U
 
 
 def test_variables_are_persistent_not_step_memory():

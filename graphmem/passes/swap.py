@@ -50,16 +50,16 @@ class SwapPair:
     swap_out: str
     swap_in: str
     readers: list[str]
-    trigger: str | None
-    distance: int | None  # hops from the trigger to the first reader
-    how: str  # "chain rule", "direct order" or "none"
+    trigger: str
+    distance: int  # hops from the trigger up to the first reader
+    how: str  # "chain rule" or "direct order"
 
 
 @dataclass
 class SwapPlan:
     pairs: list[SwapPair] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> tensors
-    bytes_moved: int = 0  # per step, out and back in
+    bytes_moved: int = 0  # per step: one copy out, one back in per swap-in
 
     @property
     def swapped_tensors(self) -> int:
@@ -69,7 +69,8 @@ class SwapPlan:
 def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOptions,
                         batch_size: int | None, plan: SwapPlan) -> list[Tensor]:
     """Saved activations worth swapping, earliest first (they wait longest for the
-    backward pass), filtered by size, include/exclude patterns and the starting scope."""
+    backward pass), filtered by size, include/exclude patterns and the starting scope;
+    apply_swap stops at --swap-max-tensors swapped."""
     if options.tensors is not None:
         return list(options.tensors)
     include = [re.compile(p) for p in options.include]
@@ -99,8 +100,6 @@ def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOption
             _skip(plan, "below --swap-threshold")
             continue
         chosen.append(s.tensor)
-        if options.max_tensors is not None and len(chosen) >= options.max_tensors:
-            break
     return chosen
 
 
@@ -113,24 +112,35 @@ def apply_swap(index: GraphIndex, regions: Regions, tensors: list[Tensor],
     late = regions.backward | {i for i in range(len(index))
                                if index.names[i].startswith(COPY_SCOPE + "/")}
     for t in tensors:
+        if options.max_tensors is not None and plan.swapped_tensors >= options.max_tensors:
+            break
         readers = _late_readers(index, t, late, options)
         if not readers:
             _skip(plan, "no reader after the forward pass")
             continue
         src = t[0]
+        groups = [readers] if options.fuse else [[r] for r in readers]
+        triggered = []
+        for group in groups:
+            first = min(group, key=index.position.__getitem__)
+            trigger, distance, how = _trigger(index, late, src, first, options.ahead)
+            if trigger is None:
+                # nothing in the backward pass runs before this reader: it reads the tensor
+                # right after the forward pass, so a swap would only add two copies
+                _skip(plan, "read at the start of the backward pass (no trigger)")
+                continue
+            triggered.append((group, trigger, distance, how))
+        if not triggered:
+            continue
         base = f"{SWAP_SCOPE}/{index.names[src]}_{t[1]}"
         device = options.device if options.device is not None else index.devices[src]
         out_node = _identity(f"{base}/out", input_string(index.names[src], t[1]),
                              options.host, index, t)
         new_nodes.append(out_node)
-        groups = [readers] if options.fuse else [[r] for r in readers]
         size = nbytes(index.shape(t), index.dtype(t), batch_size)
-        for n, group in enumerate(groups):
-            first = min(group, key=index.position.__getitem__)
-            trigger, distance, how = _trigger(index, late, src, first, options.ahead)
+        for n, (group, trigger, distance, how) in enumerate(triggered):
             in_node = _identity(f"{base}/in_{n}", out_node.name, device, index, t)
-            if trigger is not None:
-                in_node.input.append("^" + index.names[trigger])
+            in_node.input.append("^" + index.names[trigger])
             new_nodes.append(in_node)
             for r in group:
                 for slot, text in enumerate(g.node[r].input):
@@ -139,9 +149,8 @@ def apply_swap(index: GraphIndex, regions: Regions, tensors: list[Tensor],
                         rewires.setdefault(r, {})[slot] = in_node.name
             plan.pairs.append(SwapPair(
                 index.tensor_name(t), size, out_node.name, in_node.name,
-                [index.names[r] for r in group],
-                index.names[trigger] if trigger is not None else None, distance, how))
-        plan.bytes_moved += 2 * (size or 0) * len(groups)
+                [index.names[r] for r in group], index.names[trigger], distance, how))
+        plan.bytes_moved += (size or 0) * (1 + len(triggered))
     for r, slots in rewires.items():
         for slot, text in slots.items():
             g.node[r].input[slot] = text
