@@ -209,10 +209,13 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
                    "(implies --policy names). Repeatable.")
 @swap_options
 @estimate_options
+@click.option("--keep-worse", is_flag=True,
+              help="Keep the rewrite even when it raises the estimated peak (by default the "
+                   "graph is written unchanged then).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
-            grappler, plot, max_peak, as_json, **swap_kw):
+            grappler, plot, max_peak, keep_worse, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
@@ -220,7 +223,8 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
     swap = _swap_options_from(swap_kw)
     policy = policy or ("none" if swap and not patterns else "memory")
     options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
-                             grappler, keep_timeline=bool(plot), swap=swap)
+                             grappler, keep_timeline=bool(plot), swap=swap,
+                             keep_worse=keep_worse)
     result = rewrite_file(model, output, options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot
@@ -237,7 +241,8 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
         from graphmem.report.rewrite_report import render_rewrite
 
         render_rewrite(result, str(output), _console())
-    _gate(result.after.peak_bytes, limit, "estimated step peak after the rewrite")
+    final = result.before if result.reverted else result.after
+    _gate(final.peak_bytes, limit, "estimated step peak after the rewrite")
 
 
 @main.command()

@@ -37,6 +37,7 @@ class RewriteOptions:
     grappler: bool = False  # estimate on the graph as Grappler will run it
     keep_timeline: bool = False  # for plots
     swap: SwapOptions | None = None  # swap pass on, with these options
+    keep_worse: bool = False  # keep a rewrite even when its estimated peak is higher
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RewriteResult:
     after: MemoryEstimate
     nodes_before: int
     nodes_after: int
+    reverted: bool = False  # the rewrite raised the estimated peak and was undone
 
 
 def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
@@ -71,6 +73,8 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                                   _bytes(index, t, options.batch_size))
                    for t in choice.tensors]
     nodes_before = len(index)
+    original = ws.graph_def.__class__()
+    original.CopyFrom(ws.graph_def)
     plan = RecomputePlan()
     if choice.policy != "none":
         plan = apply_recompute(index, regions, facts, choice.tensors)
@@ -84,9 +88,13 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
                           options.grappler, keep_timeline=options.keep_timeline,
                           host_device=host)
+    reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
+    if reverted:  # never hand back a graph the estimate says is worse
+        ws.graph_def.CopyFrom(original)
+        new_index = ws.reindex()
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
-                         nodes_before, len(new_index))
+                         nodes_before, len(new_index), reverted)
 
 
 def _swap(ws: Workspace, index, regions, kept: list[str] | None, options: RewriteOptions):

@@ -73,3 +73,17 @@ def test_grappler_estimate_sees_fusion(tmp_path):
     assert fused["estimated_on"] == "grappler"
     # Grappler removes buffers (fused conv+bias, pruned ops): never more than the raw graph
     assert 0 < fused["estimated_peak_bytes"] <= plain["estimated_peak_bytes"]
+
+
+def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
+    from graphmem.formats import load_model
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    src = fixture_path("tf2_keras_saved_model")
+    result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64))
+    assert result.after.peak_bytes > result.before.peak_bytes
+    assert result.reverted
+    assert load_model(tmp_path / "a").container == load_model(src).container
+    kept = rewrite_file(src, tmp_path / "b", RewriteOptions("speed", [], 64, keep_worse=True))
+    assert not kept.reverted
+    assert load_model(tmp_path / "b").container != load_model(src).container

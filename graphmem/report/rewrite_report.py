@@ -28,6 +28,7 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "kept_not_recomputable": plan.kept_blocked,
         "update_guards": plan.update_guards,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
+        "reverted": result.reverted,
         "before": _estimate_doc(result.before, result.swap is not None),
         "after": _estimate_doc(result.after, result.swap is not None),
         "swap": None if result.swap is None else {
@@ -84,6 +85,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
                   f"[bold]{format_bytes(a.peak_bytes)}[/] ({ratio:.2f}x), persistent "
                   f"{format_bytes(a.persistent_bytes)}; nodes {result.nodes_before} -> "
                   f"{result.nodes_after}")
+    if result.reverted:
+        console.print("[yellow]the rewrite would raise the estimated peak: wrote the graph "
+                      "unchanged[/] (--keep-worse keeps it)")
     width = 40
     top = max(b.peak_bytes, a.peak_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
