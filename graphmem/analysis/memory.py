@@ -66,20 +66,42 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
             else index.topo
     if nodes is not None:
         order = [i for i in order if i in nodes]
-    member = set(order)
-    persistent = persistent_bytes(index)
     host = normalize_device(host_device) if host_device else None
+    run = _simulate(index, order, batch_size, host, keep_timeline)
+    live_at_peak: list[LiveTensor] = []
+    if top and order:  # replay up to the peak to name what is live there
+        snapshot = _simulate(index, order, batch_size, host, False, stop_at=run.peak_pos)
+        live_at_peak = sorted((LiveTensor(index.tensor_name(buf), b, index.shape(buf))
+                               for buf, b in snapshot.live_buffers), key=lambda t: -t.bytes)
+        live_at_peak = live_at_peak[:top]
+    return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
+                          index.names[order[run.peak_pos]] if order else "", live_at_peak,
+                          run.peak_dev, run.timeline, run.unknown, run.host_peak)
+
+
+@dataclass
+class _Run:
+    peak: int = 0
+    peak_pos: int = 0
+    host_peak: int = 0
+    unknown: int = 0
+    peak_dev: dict[str, int] = field(default_factory=dict)
+    timeline: list[int] = field(default_factory=list)
+    live_buffers: list[tuple[Tensor, int]] = field(default_factory=list)  # at stop_at
+
+
+def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
+              keep_timeline: bool, stop_at: int | None = None) -> _Run:
+    """One pass over `order` with reference-counted buffers. Linear in the graph: the live
+    set is only listed at `stop_at`, never at every new peak."""
+    run = _Run()
+    member = set(order)
     device_of = [normalize_device(d) for d in index.devices]
     pending: dict[Tensor, int] = {}  # reads still to come, per buffer
     size: dict[Tensor, int] = {}
     buffer_of: dict[Tensor, Tensor] = {}
-    unknown = 0
     live = 0
     live_dev: dict[str, int] = {}
-    peak_dev: dict[str, int] = {}
-    peak, peak_pos, peak_live = 0, 0, []
-    host_peak = 0
-    timeline: list[int] = []
     for p, i in enumerate(order):
         op = index.ops[i]
         dev = device_of[i]
@@ -98,7 +120,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                 continue
             b = nbytes(index.shape(t), index.dtype(t), batch_size)
             if b is None:
-                unknown += 1
+                run.unknown += 1
                 b = 0
             if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)):
                 b = 0
@@ -114,17 +136,19 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
             if b:
                 live_dev[dev] = live_dev.get(dev, 0) + b
                 if dev == host:
-                    host_peak = max(host_peak, live_dev[dev])
+                    run.host_peak = max(run.host_peak, live_dev[dev])
                 else:
                     live += b
         if keep_timeline:
-            timeline.append(live)
-        if live > peak:
-            peak, peak_pos = live, p
-            peak_live = [(buf, n) for buf, n in pending.items()
-                         if size.get(buf) and device_of[buf[0]] != host]
-        if live_dev.get(dev, 0) > peak_dev.get(dev, 0):
-            peak_dev[dev] = live_dev[dev]
+            run.timeline.append(live)
+        if live > run.peak:
+            run.peak, run.peak_pos = live, p
+        if live_dev.get(dev, 0) > run.peak_dev.get(dev, 0):
+            run.peak_dev[dev] = live_dev[dev]
+        if p == stop_at:
+            run.live_buffers = [(buf, b) for buf, b in size.items()
+                                if b and device_of[buf[0]] != host]
+            return run
         touched = set()
         for t in inputs:  # one read per input slot
             buf = buffer_of.get(t)
@@ -142,22 +166,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     live_dev[d] -= b
                     if d != host:
                         live -= b
-    live_at_peak = sorted((LiveTensor(index.tensor_name(buf), _size_of(index, buf, batch_size),
-                                      index.shape(buf)) for buf, _ in peak_live),
-                          key=lambda t: -t.bytes)[:top]
-    return MemoryEstimate(peak, persistent, peak_pos, index.names[order[peak_pos]] if order else "",
-                          live_at_peak, peak_dev, timeline, unknown, host_peak)
-
-
-def normalize_device(device: str) -> str:
-    """'/job:localhost/replica:0/task:0/device:CPU:0', '/cpu:0' -> '/device:CPU:0'."""
-    if not device:
-        return ""
-    tail = device.rsplit("/", 1)[-1]
-    if tail.lower().startswith("device:"):
-        tail = tail[len("device:"):]
-    kind, _, number = tail.partition(":")
-    return f"/device:{kind.upper()}:{number or '0'}"
+    return run
 
 
 def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
@@ -183,10 +192,17 @@ def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Ten
     return None
 
 
-def _size_of(index: GraphIndex, t: Tensor, batch_size: int | None) -> int:
-    return nbytes(index.shape(t), index.dtype(t), batch_size) or 0
-
-
 def _reads_variable(index: GraphIndex, i: int) -> bool:
     ins = index.data_inputs[i]
     return bool(ins) and index.ops[ins[0][0]] in VARIABLE_OPS
+
+
+def normalize_device(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:0', '/cpu:0' -> '/device:CPU:0'."""
+    if not device:
+        return ""
+    tail = device.rsplit("/", 1)[-1]
+    if tail.lower().startswith("device:"):
+        tail = tail[len("device:"):]
+    kind, _, number = tail.partition(":")
+    return f"/device:{kind.upper()}:{number or '0'}"

@@ -18,6 +18,7 @@ from graphmem.graph.names import parse_input
 from graphmem.graph.opdefs import OpRegistry
 
 Tensor = tuple[int, int]
+_UNPARSED: list = []  # sentinel: shapes present in the NodeDef, not parsed yet
 
 CONTROL_FLOW_V1 = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
                              "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
@@ -90,13 +91,14 @@ class GraphIndex:
                 op_stateful[node.op] = registry.is_stateful(node.op)
             idx.stateful.append(op_stateful[node.op])
             types = registry.output_dtypes(node)
-            shapes = _output_shapes(node)
+            attrs = node.attr
+            n_shapes = len(attrs["_output_shapes"].list.shape) if "_output_shapes" in attrs else 0
             if types is None:
-                types = _guess_dtypes(node, max(max_out[i], len(shapes or ())))
+                types = _guess_dtypes(node, max(max_out[i], n_shapes))
             idx.out_dtypes.append(types)
-            idx.out_shapes.append(shapes)
+            idx.out_shapes.append(_UNPARSED if n_shapes else None)
             count = len(types) if types is not None else 0
-            idx.num_outputs.append(max(count, max_out[i], len(shapes or ())))
+            idx.num_outputs.append(max(count, max_out[i], n_shapes))
         idx._toposort()
         idx._frames()
         if any(idx.frame):
@@ -227,8 +229,16 @@ class GraphIndex:
         return types[t[1]] if types is not None and t[1] < len(types) else None
 
     def shape(self, t: Tensor) -> list[int] | None:
-        shapes = self.out_shapes[t[0]]
+        shapes = self.shapes_of(t[0])
         return shapes[t[1]] if shapes is not None and t[1] < len(shapes) else None
+
+    def shapes_of(self, i: int) -> list[list[int] | None] | None:
+        """Static shapes of node i's outputs (parsed from `_output_shapes` when first asked:
+        most nodes of a big graph are never asked)."""
+        shapes = self.out_shapes[i]
+        if shapes is _UNPARSED:
+            shapes = self.out_shapes[i] = _output_shapes(self.graph_def.node[i])
+        return shapes
 
     def outputs(self, i: int) -> list[Tensor]:
         return [(i, k) for k in range(self.num_outputs[i])]
@@ -283,7 +293,7 @@ class GraphIndex:
             i = self.id_of.get(name)
             if i is None:
                 continue
-            old = self.out_shapes[i]
+            old = self.shapes_of(i)
             if old is None or (override and _known_dims(value) > _known_dims(old)):
                 self.out_shapes[i] = value
             if self.out_dtypes[i] is None and name in types:
@@ -294,7 +304,7 @@ class GraphIndex:
         """Whether some data output of `nodes` has a size unknown even with a batch size."""
         for i in nodes:
             types = self.out_dtypes[i] or ()
-            for k, shape in enumerate(self.out_shapes[i] or ()):
+            for k, shape in enumerate(self.shapes_of(i) or ()):
                 if k < len(types) and dtypes.base(types[k]) in (dtypes.RESOURCE, dtypes.VARIANT):
                     continue
                 if shape is None or any(d < 0 for d in shape[1:]):
@@ -302,7 +312,7 @@ class GraphIndex:
         return False
 
     def has_shapes(self) -> bool:
-        return any(s is not None for s in self.out_shapes)
+        return any(s is not None for s in self.out_shapes)  # _UNPARSED counts as present
 
     def frames(self) -> dict[str, int]:
         counts: dict[str, int] = {}

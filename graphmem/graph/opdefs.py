@@ -126,13 +126,24 @@ def _registry_op_def(op_type: str) -> Message | None:
     return ours
 
 
+_DEFAULTS: dict[int, dict[str, Message]] = {}
+
+
+def _defaults(op_def: Message) -> dict[str, Message]:
+    key = id(op_def)
+    found = _DEFAULTS.get(key)
+    if found is None:
+        found = _DEFAULTS[key] = {a.name: a.default_value for a in getattr(op_def, "attr", ())
+                                  if a.HasField("default_value")}
+    return found
+
+
 class _Attrs:
     """A node's attrs, falling back to the OpDef's defaults (SavedModels strip them)."""
 
     def __init__(self, node: Message, op_def: Message) -> None:
         self._node = node
-        self._defaults = {a.name: a.default_value for a in getattr(op_def, "attr", ())
-                          if a.HasField("default_value")}
+        self._defaults = _defaults(op_def)
 
     def __contains__(self, key: str) -> bool:
         return key in self._node.attr or key in self._defaults
