@@ -32,6 +32,13 @@ class OpRegistry:
     functions: dict[str, Message] = field(default_factory=dict)  # FunctionDef.signature by name
     use_tensorflow: bool = True
     _tf_cache: dict[str, Message | None] = field(default_factory=dict)
+    _defaults: dict[str, dict[str, Message]] = field(default_factory=dict)
+
+    def defaults(self, op_type: str, op_def: Message) -> dict[str, Message]:
+        found = self._defaults.get(op_type)
+        if found is None:
+            found = self._defaults[op_type] = attr_defaults(op_def)
+        return found
 
     @classmethod
     def for_graph(cls, graph_def: Message, meta_graph: Message | None = None,
@@ -65,9 +72,10 @@ class OpRegistry:
         op_def = self.op_def(node.op)
         if op_def is None:
             return None
+        defaults = self.defaults(node.op, op_def)
         out: list[int] = []
         for arg in op_def.output_arg:
-            types = _arg_types(arg, node, op_def)
+            types = _arg_types(arg, node, defaults)
             if types is None:
                 return None
             out.extend(types)
@@ -78,17 +86,18 @@ class OpRegistry:
         op_def = self.op_def(node.op)
         if op_def is None:
             return None
+        defaults = self.defaults(node.op, op_def)
         sizes = []
         for arg in op_def.output_arg:
-            types = _arg_types(arg, node, op_def)
+            types = _arg_types(arg, node, defaults)
             if types is None:
                 return None
             sizes.append((arg.name, len(types)))
         return sizes
 
 
-def _arg_types(arg: Message, node: Message, op_def: Message) -> list[int] | None:
-    attrs = _Attrs(node, op_def)
+def _arg_types(arg: Message, node: Message, defaults: dict[str, Message]) -> list[int] | None:
+    attrs = _Attrs(node, defaults)
     if arg.type_list_attr:
         if arg.type_list_attr not in attrs:
             return None
@@ -126,24 +135,17 @@ def _registry_op_def(op_type: str) -> Message | None:
     return ours
 
 
-_DEFAULTS: dict[int, dict[str, Message]] = {}
-
-
-def _defaults(op_def: Message) -> dict[str, Message]:
-    key = id(op_def)
-    found = _DEFAULTS.get(key)
-    if found is None:
-        found = _DEFAULTS[key] = {a.name: a.default_value for a in getattr(op_def, "attr", ())
-                                  if a.HasField("default_value")}
-    return found
+def attr_defaults(op_def: Message) -> dict[str, Message]:
+    return {a.name: a.default_value for a in getattr(op_def, "attr", ())
+            if a.HasField("default_value")}
 
 
 class _Attrs:
     """A node's attrs, falling back to the OpDef's defaults (SavedModels strip them)."""
 
-    def __init__(self, node: Message, op_def: Message) -> None:
+    def __init__(self, node: Message, defaults: dict[str, Message]) -> None:
         self._node = node
-        self._defaults = _defaults(op_def)
+        self._defaults = defaults
 
     def __contains__(self, key: str) -> bool:
         return key in self._node.attr or key in self._defaults
