@@ -92,3 +92,17 @@ def test_every_fixture_has_a_loss_and_saved_activations(name, fixtures):
     doc = _inspect_json(fixture_path(name), "--batch-size", "4")
     assert doc["loss"] == [fixtures[name]["loss"]]
     assert doc["saved_activations"]["total_bytes"] > 0
+
+
+def test_inspect_of_a_meta_graph_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom graphmem.cli import main\n"
+            f"r = CliRunner().invoke(main, ['inspect', {str(fixture_path('mlp'))!r}, "
+            "'--batch-size', '32', '--json'])\n"
+            "assert r.exit_code == 0, r.output\nprint('tensorflow' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
