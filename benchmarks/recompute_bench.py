@@ -101,13 +101,14 @@ def _transformer(seq: int, d_model: int, blocks: int, batch: int) -> ModelSpec:
                      f"embedding, dropout, Adam, batch {batch}")
 
 
-def model_specs(quick: bool) -> dict[str, ModelSpec]:
-    """Full sizes keep one run under ~15 minutes on 2 cores; quick ones under ~3."""
+def model_specs(quick: bool, mlp: tuple[int, int, int] | None = None) -> dict[str, ModelSpec]:
+    """Full sizes keep one run under ~15 minutes on 2 cores; quick ones under ~3.
+    `mlp` (layers, width, batch) replaces the MLP's sizes."""
     if quick:
-        specs = [_mlp(24, 512, 128), _resnet(16, 4, (16, 32, 64), 32),
+        specs = [_mlp(*(mlp or (24, 512, 128))), _resnet(16, 4, (16, 32, 64), 32),
                  _transformer(64, 128, 2, 8)]
     else:
-        specs = [_mlp(32, 1024, 256), _resnet(32, 4, (16, 32, 64), 32),
+        specs = [_mlp(*(mlp or (32, 1024, 256))), _resnet(32, 4, (16, 32, 64), 32),
                  _transformer(64, 128, 4, 16)]
     return {s.name: s for s in specs}
 
@@ -232,11 +233,15 @@ def _max_diff(reference: Iterable[Any], values: Iterable[Any]) -> tuple[float, b
 
 
 def _compare(ref: VariantRun, run: VariantRun, ref_vars: dict, variables: dict) -> dict:
-    loss_diff, loss_ok = _max_diff(ref.losses, run.losses)
-    names = sorted(ref_vars)
-    var_diff, var_ok = _max_diff([ref_vars[n] for n in names], [variables[n] for n in names])
-    return {"max_loss_diff": loss_diff, "max_variable_diff": var_diff,
-            "max_diff": max(loss_diff, var_diff), "matched": loss_ok and var_ok}
+    loss_diff, matched = _max_diff(ref.losses, run.losses)
+    var_diff, worst = 0.0, None
+    for name in sorted(ref_vars):
+        diff, ok = _max_diff([ref_vars[name]], [variables[name]])
+        matched &= ok
+        if diff > var_diff:
+            var_diff, worst = diff, name
+    return {"max_loss_diff": loss_diff, "max_variable_diff": var_diff, "worst_variable": worst,
+            "max_diff": max(loss_diff, var_diff), "matched": matched}
 
 
 def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper: bool) -> dict:
@@ -258,10 +263,10 @@ def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper:
     ref_vars = ref.runner.variables()
     out = {}
     for variant, run in runs.items():
-        variables = _guarded(run, run.runner.variables) if run.error is None else None
+        variables = _guarded(run, run.runner.variables)
         result = {"peaks": run.peaks, "seconds": run.seconds, "losses": run.losses,
                   "error": run.error}
-        if variables is not None and run.error is None and ref.error is None:
+        if variables is not None and ref.error is None:
             result.update(_compare(ref, run, ref_vars, variables))
         out[variant] = result
         run.runner.close()
@@ -273,17 +278,24 @@ def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper:
 # ----------------------------------------------------------------------------------------
 @dataclass
 class Job:
+    """One worker process. `exact` jobs run with Grappler's fusion off: only then can a
+    rewrite train bit for bit like the original (fusion depends on how many readers an
+    intermediate has, which a rewrite changes), so they check correctness, not speed."""
+
     model: str
     threads: int
     process: int
+    steps: int
+    remapper: bool = True
+    exact: bool = False
 
 
-def launch_worker(models_file: Path, job: Job, steps: int, remapper: bool) -> dict:
+def launch_worker(models_file: Path, job: Job) -> dict:
     """Run one worker process; its last stdout line is its JSON result."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(models_file),
            "--worker-model", job.model, "--worker-threads", str(job.threads),
-           "--steps", str(steps)]
-    if not remapper:
+           "--steps", str(job.steps)]
+    if not job.remapper:
         cmd.append("--no-remapper")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=BASE_ENV,
@@ -297,21 +309,34 @@ def launch_worker(models_file: Path, job: Job, steps: int, remapper: bool) -> di
     return json.loads(lines[-1])
 
 
-def run_all_workers(models_file: Path, names: list[str], threads: list[int], processes: int,
-                    steps: int, remapper: bool) -> dict[str, dict[int, list[dict]]]:
-    """Worker results by model and thread setting. Repetitions are the outer loop so that a
-    burst of machine noise spreads over all measurements instead of hitting one."""
-    jobs = [Job(m, t, p) for p in range(processes) for m in names for t in threads]
-    results: dict[str, dict[int, list[dict]]] = {m: {t: [] for t in threads} for m in names}
+def plan_jobs(names: list[str], threads: list[int], processes: int, steps: int,
+              remapper: bool) -> list[Job]:
+    """Measurement jobs, repetitions as the outer loop so that a burst of machine noise
+    spreads over all measurements instead of hitting one; then, when the measurements run
+    with fusion on, one exact job per model."""
+    jobs = [Job(m, t, p, steps, remapper) for p in range(processes) for m in names
+            for t in threads]
+    if remapper:
+        jobs += [Job(m, 1, 0, min(steps, 3), remapper=False, exact=True) for m in names]
+    return jobs
+
+
+def run_jobs(models_file: Path, jobs: list[Job]) -> tuple[dict, dict]:
+    """Measurement results by model and thread setting, and exact results by model."""
+    measured: dict[str, dict[int, list[dict]]] = {}
+    exact: dict[str, dict] = {}
     for n, job in enumerate(jobs, 1):
         start = time.perf_counter()
-        result = launch_worker(models_file, job, steps, remapper)
-        results[job.model][job.threads].append(result)
-        status = result.get("error") or "ok"
-        print(f"  [{n}/{len(jobs)}] {job.model} threads={job.threads} process "
-              f"{job.process + 1}/{processes}: {time.perf_counter() - start:.0f} s, {status}",
+        result = launch_worker(models_file, job)
+        if job.exact:
+            exact[job.model] = result
+        else:
+            measured.setdefault(job.model, {}).setdefault(job.threads, []).append(result)
+        what = "exact check, fusion off" if job.exact else f"process {job.process + 1}"
+        print(f"  [{n}/{len(jobs)}] {job.model} threads={job.threads} {what}: "
+              f"{time.perf_counter() - start:.0f} s, {result.get('error') or 'ok'}",
               file=sys.stderr, flush=True)
-    return results
+    return measured, exact
 
 
 def _median_skip_first(values: list[float]) -> float | None:
@@ -320,9 +345,10 @@ def _median_skip_first(values: list[float]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
-def summarize(worker_results: list[dict]) -> dict[str, dict]:
+def summarize(worker_results: list[dict], exact: dict | None) -> dict[str, dict]:
     """Per variant: medians across processes of each process's step median, worst
-    difference from the original, matched only if matched in every process."""
+    difference from the original, matched only if matched in every process; and the
+    difference in the exact (fusion off) run."""
     out = {}
     for variant in VARIANTS:
         per_process = [r[variant] for r in worker_results if variant in r]
@@ -341,8 +367,19 @@ def summarize(worker_results: list[dict]) -> dict[str, dict]:
                                           if "max_diff" in p) and len(diffs) == len(peaks),
             "processes": len(peaks),
             "errors": errors,
+            "exact_max_diff": _exact_diff(exact, variant),
         }
     return out
+
+
+def _exact_diff(exact: dict | None, variant: str) -> float | str | None:
+    """The variant's difference from the original with fusion off, or its error."""
+    if not exact:
+        return None
+    row = exact.get(variant)
+    if row is None:
+        return exact.get("error", "no result")
+    return row.get("max_diff", row.get("error"))
 
 
 # ----------------------------------------------------------------------------------------
@@ -403,16 +440,27 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
 
-def _matched_cell(row: dict) -> str:
+def _matched_cell(variant: str, row: dict) -> str:
+    if variant == "original":
+        return "reference"
     if row["max_diff"] is None:
-        return "-" if row["peak_bytes"] is not None else "error"
+        return "error"
     return f"{'yes' if row['matched'] else 'NO'} ({row['max_diff']:.1e})"
+
+
+def _exact_cell(variant: str, row: dict) -> str:
+    diff = row["exact_max_diff"]
+    if variant == "original" or diff is None:
+        return "-"
+    if isinstance(diff, str):
+        return "error"
+    return "identical" if diff == 0 else f"{diff:.1e}"
 
 
 def format_table(model: dict, rows: dict[str, dict]) -> list[str]:
     base = rows["original"]
     header = (f"{'variant':9} {'peak MiB':>9} {'x orig':>7} {'step ms':>8} {'x orig':>7}  "
-              f"{'matched (max diff)':19} {'est. MiB before -> after':>25}")
+              f"{'matched (max diff)':19} {'fusion off':10} {'est. MiB before -> after':>25}")
     lines = [header, "-" * len(header)]
     for variant, row in rows.items():
         rewrite = model["rewrites"].get(variant)
@@ -426,8 +474,10 @@ def format_table(model: dict, rows: dict[str, dict]) -> list[str]:
             f"{_fmt(_ratio(row['peak_bytes'], base['peak_bytes']), '7.2f')} "
             f"{_fmt(row['step_seconds'], '8.0f', 1e-3)} "
             f"{_fmt(_ratio(row['step_seconds'], base['step_seconds']), '7.2f')}  "
-            f"{_matched_cell(row):19} {estimate:>25}")
+            f"{_matched_cell(variant, row):19} {_exact_cell(variant, row):10} {estimate:>25}")
         lines += [f"    {variant} error: {e}" for e in row["errors"]]
+        if isinstance(row["exact_max_diff"], str):
+            lines.append(f"    {variant} exact run error: {row['exact_max_diff']}")
     return lines
 
 
@@ -471,8 +521,12 @@ def print_report(models: dict, summaries: dict, synthetic: dict, tf_import: list
                  settings: dict) -> None:
     print(f"graphmem recompute benchmark ({settings['mode']} mode): median over "
           f"{settings['processes']} processes of each process's median over steps 2..."
-          f"{settings['steps']}; Grappler remapper {'on' if settings['remapper'] else 'off'}; "
-          f"matched = losses and final variables within {MATCH_TOLERANCE:g} of the original")
+          f"{settings['steps']}; Grappler remapper (op fusion) "
+          f"{'on' if settings['remapper'] else 'off'}.")
+    print(f"matched: every loss and final variable within {MATCH_TOLERANCE:g} (rel. and abs.) "
+          f"of the original's in the same process, worst of all processes; fusion off: max "
+          f"diff in one extra process with op fusion off (bit-identical expected for "
+          f"graphmem).")
     for name, by_threads in summaries.items():
         model = models[name]
         for threads, rows in by_threads.items():
@@ -512,6 +566,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-remapper", dest="remapper", action="store_false",
                     help="Grappler's op fusion off in every session (bit-identical training "
                          "expected for graphmem's variants)")
+    ap.add_argument("--mlp", default=None, metavar="LAYERS,WIDTH,BATCH",
+                    help="MLP sizes (default 32,1024,256; quick 24,512,128)")
     ap.add_argument("--synthetic-nodes", type=int, default=100_000)
     ap.add_argument("--json", type=Path, default=None, help="also write all numbers here")
     ap.add_argument("--keep", type=Path, default=None,
@@ -523,7 +579,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _selected_models(args: argparse.Namespace) -> list[ModelSpec]:
-    specs = model_specs(args.quick)
+    mlp = tuple(int(v) for v in args.mlp.split(",")) if args.mlp else None
+    if mlp is not None and len(mlp) != 3:
+        raise SystemExit("--mlp wants LAYERS,WIDTH,BATCH")
+    specs = model_specs(args.quick, mlp)
     names = args.models.split(",") if args.models else list(specs)
     unknown = [n for n in names if n not in specs]
     if unknown:
@@ -548,13 +607,14 @@ def benchmark(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     rewrite_models(models)
     models_file = out_dir / "models.json"
     models_file.write_text(json.dumps(models, indent=1))
-    raw = run_all_workers(models_file, [s.name for s in specs], threads, args.processes,
-                          steps, args.remapper)
-    summaries = {m: {t: summarize(results) for t, results in by_t.items()}
-                 for m, by_t in raw.items()}
+    jobs = plan_jobs([s.name for s in specs], threads, args.processes, steps, args.remapper)
+    measured, exact = run_jobs(models_file, jobs)
+    summaries = {m: {t: summarize(results, exact.get(m)) for t, results in by_t.items()}
+                 for m, by_t in measured.items()}
     print_report(models, summaries, synthetic, tf_import, settings)
     return {"settings": settings, "models": models, "summaries": summaries,
-            "workers": raw, "synthetic": synthetic, "import_tensorflow_seconds": tf_import}
+            "workers": measured, "exact_workers": exact, "synthetic": synthetic,
+            "import_tensorflow_seconds": tf_import}
 
 
 def main(argv: list[str] | None = None) -> int:

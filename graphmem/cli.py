@@ -209,13 +209,16 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
                    "(implies --policy names). Repeatable.")
 @swap_options
 @estimate_options
+@click.option("--early-updates/--no-early-updates", default=True, show_default=True,
+              help="Run each optimizer update as soon as its gradient is ready, so weight "
+                   "gradients do not pile up until the end of the backward pass.")
 @click.option("--keep-worse", is_flag=True,
               help="Keep the rewrite even when it raises the estimated peak (by default the "
                    "graph is written unchanged then).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
-            grappler, plot, max_peak, keep_worse, as_json, **swap_kw):
+            grappler, plot, max_peak, early_updates, keep_worse, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
@@ -224,7 +227,7 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
     policy = policy or ("none" if swap and not patterns else "memory")
     options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
                              grappler, keep_timeline=bool(plot), swap=swap,
-                             keep_worse=keep_worse)
+                             keep_worse=keep_worse, early_updates=early_updates)
     result = rewrite_file(model, output, options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot

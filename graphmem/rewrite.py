@@ -16,6 +16,7 @@ from graphmem.formats import LoadedModel, load_model, save_model
 from graphmem.graph import dtypes
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.checkpoints import CheckpointChoice, choose_checkpoints
+from graphmem.passes.early_updates import EarlyUpdatesPlan, apply_early_updates
 from graphmem.passes.recompute import RecomputePlan, apply_recompute
 from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
 
@@ -38,6 +39,7 @@ class RewriteOptions:
     keep_timeline: bool = False  # for plots
     swap: SwapOptions | None = None  # swap pass on, with these options
     keep_worse: bool = False  # keep a rewrite even when its estimated peak is higher
+    early_updates: bool = True  # run optimizer updates as soon as their gradient is ready
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RewriteResult:
     nodes_before: int
     nodes_after: int
     reverted: bool = False  # the rewrite raised the estimated peak and was undone
+    early: EarlyUpdatesPlan | None = None
 
 
 def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
@@ -85,6 +88,13 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     if options.swap is not None:
         kept = [c.name for c in checkpoints] if choice.policy != "none" else None
         swap_plan, new_index, new_regions = _swap(ws, new_index, new_regions, kept, options)
+    early = None
+    if options.early_updates:
+        early = apply_early_updates(new_index, new_regions)
+        if early.edges:
+            new_index = ws.reindex()
+            new_regions = analyze_regions(new_index, options.backward_scopes,
+                                          options.batch_size, ws.collection("losses"))
     after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
                           options.grappler, keep_timeline=options.keep_timeline,
                           host_device=host)
@@ -94,7 +104,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         new_index = ws.reindex()
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
-                         nodes_before, len(new_index), reverted)
+                         nodes_before, len(new_index), reverted, early)
 
 
 def _swap(ws: Workspace, index, regions, kept: list[str] | None, options: RewriteOptions):

@@ -29,6 +29,7 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "update_guards": plan.update_guards,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
+        "early_updates": result.early,
         "before": _estimate_doc(result.before, result.swap is not None),
         "after": _estimate_doc(result.after, result.swap is not None),
         "swap": None if result.swap is None else {
@@ -79,6 +80,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
                       "copies may run during the forward pass and save nothing")
     if result.swap is not None:
         _render_swap(result, console)
+    if result.early is not None:
+        e = result.early
+        console.print(f"early updates: {e.updates} optimizer updates run as soon as their "
+                      f"gradient is ready ({e.edges} control edges)"
+                      + "".join(f"; {n} skipped: {why}" for why, n in e.skipped.items()))
     b, a = result.before, result.after
     ratio = a.peak_bytes / b.peak_bytes if b.peak_bytes else 1.0
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "

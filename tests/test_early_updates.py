@@ -1,0 +1,44 @@
+"""Early updates change the order of a step, never a value."""
+
+from benchmarks.synthetic import chain_training_graph
+from graphmem.analysis.regions import analyze_regions
+from graphmem.formats import load_model
+from graphmem.graph.index import GraphIndex
+from graphmem.graph.opdefs import OpRegistry
+from graphmem.graph.workspace import Workspace
+from graphmem.passes.early_updates import apply_early_updates
+from tests.conftest import fixture_path
+
+
+def test_updates_get_edges_to_the_next_backward_ops():
+    ws = Workspace.open(load_model(fixture_path("mlp")))
+    ix = ws.index
+    regions = analyze_regions(ix)
+    before = {n.name: list(n.input) for n in ix.graph_def.node}
+    plan = apply_early_updates(ix, regions)
+    assert plan.updates >= 48 and plan.edges >= plan.updates  # weights and biases of 24 layers
+    new = ws.reindex()  # no cycle
+    added = {}
+    for node in new.graph_def.node:
+        extra = [x for x in node.input if x not in before[node.name]]
+        if extra:
+            added[node.name] = extra
+    assert sum(len(v) for v in added.values()) == plan.edges
+    backward_names = {ix.names[i] for i in regions.backward}
+    for target, controls in added.items():
+        assert target in backward_names
+        for c in controls:
+            assert c.startswith("^") and "Apply" in new.ops[new.id_of[c[1:]]]
+    # the update of layer 20's weights now precedes the relu gradient of layer 19
+    assert "^Adam/update_layer_20/weights/ResourceApplyAdam" in added[
+        "gradients/layer_19/Relu_grad/ReluGrad"]
+
+
+def test_update_racing_an_unordered_read_is_left_alone():
+    # in this graph the backward dx matmul reads the ref variable without being ordered
+    # before the in-place update: moving the update earlier could change what it reads
+    g = chain_training_graph(6)
+    ix = GraphIndex.build(g, OpRegistry(use_tensorflow=False))
+    plan = apply_early_updates(ix, analyze_regions(ix))
+    assert plan.edges == 0
+    assert plan.skipped == {"a read of the variable is not ordered before the update": 6}
