@@ -18,6 +18,12 @@ measurement therefore runs in several fresh processes (this script re-invoked wi
 printing one JSON line), and the tables show medians across them. Inside a worker the four
 variants start from the original's initial variables and are stepped in turn on the same
 feeds, so their losses and final variables are compared with the original's of that process.
+One more process per model repeats that comparison with the Grappler passes off whose
+rewrites depend on how many readers a tensor has (remapper, arithmetic optimizer): there a
+correct rewrite must train bit for bit like the original.
+
+Also timed, in this process: graphmem's memory policy and rewrite on a ~100k-node synthetic
+graph (benchmarks/synthetic.py, no TensorFlow), next to `python -c "import tensorflow"`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ VARIANTS = ("original", "grappler", "memory", "speed")
 POLICIES = ("memory", "speed")
 MIB = 1024 * 1024
 MATCH_TOLERANCE = 1e-6  # rtol and atol of "matched"
+DEFAULT_STEPS = 6  # per worker; the peak is steady within a process, step times are not
 WORKER_TIMEOUT = 1800  # seconds; a hung worker must not hang the whole run
 TARGET_PEAK_RATIO = 0.5  # the issue's targets for the memory policy
 TARGET_TIME_RATIO = 1.4
@@ -175,7 +182,11 @@ class VariantRun:
     error: str | None = None
 
 
-def _open_runners(model: dict, threads: int, remapper: bool) -> dict[str, VariantRun]:
+GRAPPLER_MEMORY = "RECOMPUTATION_HEURISTICS"
+
+
+def _open_runners(model: dict, threads: int, remapper: bool,
+                  exact: bool) -> dict[str, VariantRun]:
     """A GraphRunner per variant; `grappler` is the original graph in a session whose
     Grappler memory optimizer does RECOMPUTATION_HEURISTICS."""
     from graphmem.formats import load_model
@@ -185,13 +196,36 @@ def _open_runners(model: dict, threads: int, remapper: bool) -> dict[str, Varian
     runs = {}
     for variant in VARIANTS:
         path = model["paths"]["original" if variant == "grappler" else variant]
+        memory = GRAPPLER_MEMORY if variant == "grappler" else None
         spec = RunSpec(train_op=model["train_op"], loss=model["loss"],
                        init_op=model["init_op"], batch_size=model["batch"],
-                       inter_op_threads=threads, remapper=remapper,
-                       grappler_memory_optimization="RECOMPUTATION_HEURISTICS"
-                       if variant == "grappler" else None)
-        runs[variant] = VariantRun(GraphRunner(Workspace.open(load_model(path)), spec))
+                       inter_op_threads=threads, remapper=remapper and not exact,
+                       grappler_memory_optimization=memory)
+        runner = GraphRunner(Workspace.open(load_model(path)), spec)
+        if exact:
+            _reopen_exact(runner, threads, memory)
+        runs[variant] = VariantRun(runner)
     return runs
+
+
+def _reopen_exact(runner: Any, threads: int, memory: str | None) -> None:
+    """Re-open the runner's session with Grappler's remapper *and* arithmetic optimizer off.
+    Both rewrite an op only where its input has a single reader, which a recompute rewrite
+    changes, so with either on a correct rewrite (graphmem's or Grappler's own) can round
+    differently (~1e-7, which Adam turns into ~1e-6 on parameters whose true gradient is
+    zero). RunSpec(remapper=False) only turns off the remapper, hence this workaround."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    config = runner.tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                             inter_op_parallelism_threads=threads)
+    options = config.graph_options.rewrite_options
+    options.remapping = off
+    options.arithmetic_optimization = off
+    if memory:
+        options.memory_optimization = getattr(rewriter_config_pb2.RewriterConfig, memory)
+    runner.session.close()
+    runner.session = runner.tf.compat.v1.Session(graph=runner.graph, config=config)
 
 
 def _guarded(run: VariantRun, action: Callable[[], Any]) -> Any:
@@ -244,13 +278,14 @@ def _compare(ref: VariantRun, run: VariantRun, ref_vars: dict, variables: dict) 
             "max_diff": max(loss_diff, var_diff), "matched": matched}
 
 
-def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper: bool) -> dict:
+def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper: bool,
+               exact: bool) -> dict:
     """Train every variant of one model for `steps` steps; per variant: step peaks, step
     seconds, losses, and differences from the original."""
     from graphmem.runtime.train_runner import RunSpec, make_feeds
 
     model = json.loads(models_file.read_text())[name]
-    runs = _open_runners(model, threads, remapper)
+    runs = _open_runners(model, threads, remapper, exact)
     ref = runs["original"]
     ref.runner.initialize()
     initial = ref.runner.variables()
@@ -278,9 +313,9 @@ def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper:
 # ----------------------------------------------------------------------------------------
 @dataclass
 class Job:
-    """One worker process. `exact` jobs run with Grappler's fusion off: only then can a
-    rewrite train bit for bit like the original (fusion depends on how many readers an
-    intermediate has, which a rewrite changes), so they check correctness, not speed."""
+    """One worker process. `exact` jobs run with Grappler's remapper and arithmetic
+    optimizer off (see `_reopen_exact`): only then must a correct rewrite train bit for bit
+    like the original. They check correctness, and are not measurements."""
 
     model: str
     threads: int
@@ -297,6 +332,8 @@ def launch_worker(models_file: Path, job: Job) -> dict:
            "--steps", str(job.steps)]
     if not job.remapper:
         cmd.append("--no-remapper")
+    if job.exact:
+        cmd.append("--worker-exact")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=BASE_ENV,
                               timeout=WORKER_TIMEOUT, check=False)
@@ -312,13 +349,10 @@ def launch_worker(models_file: Path, job: Job) -> dict:
 def plan_jobs(names: list[str], threads: list[int], processes: int, steps: int,
               remapper: bool) -> list[Job]:
     """Measurement jobs, repetitions as the outer loop so that a burst of machine noise
-    spreads over all measurements instead of hitting one; then, when the measurements run
-    with fusion on, one exact job per model."""
+    spreads over all measurements instead of hitting one; then one exact job per model."""
     jobs = [Job(m, t, p, steps, remapper) for p in range(processes) for m in names
             for t in threads]
-    if remapper:
-        jobs += [Job(m, 1, 0, min(steps, 3), remapper=False, exact=True) for m in names]
-    return jobs
+    return jobs + [Job(m, 1, 0, min(steps, 3), remapper, exact=True) for m in names]
 
 
 def run_jobs(models_file: Path, jobs: list[Job]) -> tuple[dict, dict]:
@@ -332,7 +366,7 @@ def run_jobs(models_file: Path, jobs: list[Job]) -> tuple[dict, dict]:
             exact[job.model] = result
         else:
             measured.setdefault(job.model, {}).setdefault(job.threads, []).append(result)
-        what = "exact check, fusion off" if job.exact else f"process {job.process + 1}"
+        what = "exactness check" if job.exact else f"process {job.process + 1}"
         print(f"  [{n}/{len(jobs)}] {job.model} threads={job.threads} {what}: "
               f"{time.perf_counter() - start:.0f} s, {result.get('error') or 'ok'}",
               file=sys.stderr, flush=True)
@@ -348,7 +382,7 @@ def _median_skip_first(values: list[float]) -> float | None:
 def summarize(worker_results: list[dict], exact: dict | None) -> dict[str, dict]:
     """Per variant: medians across processes of each process's step median, worst
     difference from the original, matched only if matched in every process; and the
-    difference in the exact (fusion off) run."""
+    difference in the exact run."""
     out = {}
     for variant in VARIANTS:
         per_process = [r[variant] for r in worker_results if variant in r]
@@ -373,7 +407,7 @@ def summarize(worker_results: list[dict], exact: dict | None) -> dict[str, dict]
 
 
 def _exact_diff(exact: dict | None, variant: str) -> float | str | None:
-    """The variant's difference from the original with fusion off, or its error."""
+    """The variant's difference from the original in the exact run, or its error."""
     if not exact:
         return None
     row = exact.get(variant)
@@ -460,7 +494,7 @@ def _exact_cell(variant: str, row: dict) -> str:
 def format_table(model: dict, rows: dict[str, dict]) -> list[str]:
     base = rows["original"]
     header = (f"{'variant':9} {'peak MiB':>9} {'x orig':>7} {'step ms':>8} {'x orig':>7}  "
-              f"{'matched (max diff)':19} {'fusion off':10} {'est. MiB before -> after':>25}")
+              f"{'matched (max diff)':19} {'exact run':10} {'est. MiB before -> after':>25}")
     lines = [header, "-" * len(header)]
     for variant, row in rows.items():
         rewrite = model["rewrites"].get(variant)
@@ -524,9 +558,9 @@ def print_report(models: dict, summaries: dict, synthetic: dict, tf_import: list
           f"{settings['steps']}; Grappler remapper (op fusion) "
           f"{'on' if settings['remapper'] else 'off'}.")
     print(f"matched: every loss and final variable within {MATCH_TOLERANCE:g} (rel. and abs.) "
-          f"of the original's in the same process, worst of all processes; fusion off: max "
-          f"diff in one extra process with op fusion off (bit-identical expected for "
-          f"graphmem).")
+          f"of the original's in the same process, worst of all processes; exact run: max "
+          f"diff in one extra process with Grappler's remapper and arithmetic optimizer off "
+          f"(then a correct rewrite trains bit-identically).")
     for name, by_threads in summaries.items():
         model = models[name]
         for threads, rows in by_threads.items():
@@ -561,11 +595,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="worker processes per model and thread setting (default 3)")
     ap.add_argument("--threads", default="1,2", help="inter-op thread settings (default 1,2)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="training steps per worker (default 5, quick 3); the first is "
-                         "not counted")
+                    help="training steps per worker (default 6); the first is not counted")
     ap.add_argument("--no-remapper", dest="remapper", action="store_false",
-                    help="Grappler's op fusion off in every session (bit-identical training "
-                         "expected for graphmem's variants)")
+                    help="Grappler's op fusion (remapper) off in the measured sessions too")
     ap.add_argument("--mlp", default=None, metavar="LAYERS,WIDTH,BATCH",
                     help="MLP sizes (default 32,1024,256; quick 24,512,128)")
     ap.add_argument("--synthetic-nodes", type=int, default=100_000)
@@ -575,6 +607,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker-threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-exact", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -595,7 +628,7 @@ def benchmark(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """Everything one run measures, as one JSON-ready document (also printed as tables)."""
     specs = _selected_models(args)
     threads = [int(t) for t in args.threads.split(",")]
-    steps = args.steps or (3 if args.quick else 5)
+    steps = args.steps or DEFAULT_STEPS
     settings = {"mode": "quick" if args.quick else "full", "processes": args.processes,
                 "threads": threads, "steps": steps, "remapper": args.remapper,
                 "match_tolerance": MATCH_TOLERANCE}
@@ -621,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         result = run_worker(args.worker, args.worker_model, args.worker_threads,
-                            args.steps or 3, args.remapper)
+                            args.steps or DEFAULT_STEPS, args.remapper, args.worker_exact)
         print(json.dumps(result))
         return 0
     start = time.perf_counter()

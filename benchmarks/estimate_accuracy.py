@@ -1,0 +1,82 @@
+"""How close is graphmem's estimated step peak to the measured one?
+
+For every fixture, original and rewritten with each policy, prints the estimate on the graph,
+the estimate on Grappler's graph (TF1), the measured peak (median of 3 processes, one inter-op
+thread) and their ratios, then the worst ratio of each estimate. Run from the repository root:
+
+    python -m benchmarks.estimate_accuracy [--batch 64] [--processes 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from benchmarks.measure import measure
+from graphmem.analysis.inspect import gather_facts
+from graphmem.formats import load_model
+from graphmem.graph.workspace import Workspace
+from graphmem.rewrite import RewriteOptions, rewrite_file
+from graphmem.units import format_bytes
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data"
+CASES = [("mlp", "mlp.meta", None), ("resnet", "resnet.meta", None),
+         ("transformer", "transformer.meta", None), ("lstm_v1", "lstm_v1.meta", None),
+         ("lstm_v2", "lstm_v2.meta", None), ("tf1_saved_model", "tf1_saved_model", "train"),
+         ("tf2_saved_model", "tf2_saved_model", None),
+         ("tf2_keras", "tf2_keras_saved_model", None)]
+POLICIES = ["original", "memory", "speed", "swap"]
+
+
+def estimate(path: Path, batch: int, tag: str | None, grappler: bool) -> int | None:
+    ws = Workspace.open(load_model(path, tag=tag), batch_size=batch)
+    if grappler and ws.view is not None:
+        return None
+    facts, _ = gather_facts(ws, batch, grappler=grappler)
+    return facts.estimated_peak_bytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--processes", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="mlp, resnet, transformer only")
+    args = ap.parse_args()
+    cases = CASES[:3] if args.quick else CASES
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rel, tag in cases:
+            src = DATA / rel
+            for policy in POLICIES:
+                path = src
+                if policy != "original":
+                    path = Path(tmp) / f"{name}_{policy}{'' if src.is_dir() else src.suffix}"
+                    options = RewriteOptions("none" if policy == "swap" else policy, [],
+                                             args.batch, keep_worse=True)
+                    if policy == "swap":
+                        continue  # swap moves memory to the host: nothing to measure on CPU
+                    rewrite_file(src, path, options, tag=tag)
+                est = estimate(path, args.batch, tag, grappler=False)
+                est_g = estimate(path, args.batch, tag, grappler=True)
+                meas = measure(str(path), args.batch, processes=args.processes, tag=tag)["peak"]
+                rows.append((name, policy, est, est_g, meas))
+                print(_row(rows[-1]), flush=True)
+    print()
+    for label, k in (("graph", 2), ("grappler", 3)):
+        ratios = [r[k] / r[4] for r in rows if r[k] is not None and r[4]]
+        worst = max(ratios, key=lambda x: abs(x - 1)) if ratios else float("nan")
+        inside = sum(0.85 <= x <= 1.15 for x in ratios)
+        print(f"estimate on the {label}: worst ratio {worst:.2f}; {inside} of {len(ratios)} "
+              "within 0.85-1.15")
+
+
+def _row(r) -> str:
+    name, policy, est, est_g, meas = r
+    g = f"{format_bytes(est_g):>10} ({est_g / meas:.2f})" if est_g is not None else " " * 17
+    return (f"{name:16} {policy:8} estimated {format_bytes(est):>10} ({est / meas:.2f})  "
+            f"grappler {g}  measured {format_bytes(meas):>10}")
+
+
+if __name__ == "__main__":
+    main()

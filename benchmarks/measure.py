@@ -1,0 +1,72 @@
+"""Measure one graph's training step in a fresh process: `python -m benchmarks.measure MODEL`.
+
+Prints one JSON line: the median step peak above resident memory (first step left out) and
+the median step time. Separate processes matter: the executor's order of independent ops,
+and with it the peak, changes from one process to the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from graphmem.formats import load_model
+from graphmem.graph.workspace import Workspace
+from graphmem.runtime.train_runner import RunSpec, make_feeds, make_runner
+
+
+def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | None = None,
+                 grappler_memory: str | None = None) -> dict:
+    ws = Workspace.open(load_model(path, tag=tag))
+    spec = RunSpec(batch_size=batch, inter_op_threads=threads,
+                   grappler_memory_optimization=grappler_memory)
+    runner = make_runner(ws, spec)
+    runner.initialize()
+    records = []
+    for step in range(steps):
+        feeds = runner.feeds(step) if hasattr(runner, "feeds") else make_feeds(
+            runner.index, runner.regions, spec, step)
+        records.append(runner.step(feeds))
+    runner.close()
+    rest = records[1:] or records
+    return {"peak": int(statistics.median(r.peak_bytes for r in rest)),
+            "seconds": statistics.median(r.seconds for r in rest),
+            "losses": [r.loss for r in records]}
+
+
+def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: int = 3,
+            tag: str | None = None, grappler_memory: str | None = None) -> dict:
+    """Median over `processes` fresh processes of measure_here."""
+    runs = []
+    for _ in range(processes):
+        cmd = [sys.executable, "-m", "benchmarks.measure", path, "--batch", str(batch),
+               "--threads", str(threads), "--steps", str(steps)]
+        if tag:
+            cmd += ["--tag", tag]
+        if grappler_memory:
+            cmd += ["--grappler-memory", grappler_memory]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"peak": int(statistics.median(r["peak"] for r in runs)),
+            "seconds": statistics.median(r["seconds"] for r in runs),
+            "peaks": [r["peak"] for r in runs]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--tag")
+    ap.add_argument("--grappler-memory")
+    a = ap.parse_args()
+    print(json.dumps(measure_here(a.model, a.batch, a.threads, a.steps, a.tag,
+                                  a.grappler_memory)))
+
+
+if __name__ == "__main__":
+    main()
