@@ -49,6 +49,7 @@ class MemoryEstimate:
     timeline: list[int] = field(default_factory=list)  # bytes live while each op runs
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
     host_peak_bytes: int = 0  # peak on the host device when it is excluded (swap)
+    ops_in_step: int = 0
 
 
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
@@ -76,7 +77,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         live_at_peak = live_at_peak[:top]
     return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
                           index.names[order[run.peak_pos]] if order else "", live_at_peak,
-                          run.peak_dev, run.timeline, run.unknown, run.host_peak)
+                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order))
 
 
 @dataclass

@@ -29,6 +29,17 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
         f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})")
 
+    live = facts.peak["live"]
+    if live:
+        lt = Table(title=f"live at the peak ({facts.peak['op']}), largest first",
+                   title_justify="left")
+        lt.add_column("tensor")
+        lt.add_column("shape")
+        lt.add_column("bytes", justify="right")
+        for x in live:
+            lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
+        console.print(lt)
+
     t = Table(title=f"saved activations: {sa['count']} tensors, "
                     f"{format_bytes(sa['total_bytes'])}", title_justify="left")
     t.add_column("tensor")
