@@ -18,10 +18,10 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
-from graphmem.analysis.dominators import bottlenecks
 from graphmem.analysis.regions import Regions
+from graphmem.analysis.spine import analyze_spine
 from graphmem.errors import InputError, UsageError
-from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
 POLICIES = ("memory", "speed", "collection", "names", "none")
 EXPENSIVE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
@@ -117,41 +117,13 @@ def _memory_policy(index, regions, facts, candidates, batch_size) -> CheckpointC
     window holds none (a long skip connection jumps over it), the cheapest topological cut
     in the window is taken instead, keeping every tensor that crosses it.
     """
-    spine = facts.param_dependent
-    order = [i for i in index.topo if i in spine]
-    pos = {v: p for p, v in enumerate(order)}
-    edges = [(s, i) for i in order for s, _ in index.data_inputs[i] if s in spine]
-    sinks = [t[0] for t in regions.loss if t[0] in spine]
-    if not sinks:
-        has_succ = {a for a, _ in edges}
-        sinks = [i for i in order if i not in has_succ]
-    saved = [s for s in regions.saved if s.tensor[0] in facts.recomputable]
-    want = max(1, math.ceil(math.sqrt(max(len(saved), 1))))
     cand_set = set(candidates)
-    if not order:
+    spine = analyze_spine(index, regions, facts, cand_set, batch_size)
+    if not spine.order:
         return CheckpointChoice("memory", [], "no recomputable forward spine", len(candidates))
-    # where a cut at spine position p would sit, in saved bytes made up to p
-    # (order is already sorted by global position, so saved tensors off the spine are placed
-    # at the last spine op before them)
-    weight = [0] * len(order)
-    glob_pos = [index.position[v] for v in order]
-    for s in saved:
-        j = bisect_left(glob_pos, index.position[s.tensor[0]] + 1) - 1
-        if j >= 0:
-            weight[j] += s.bytes or 1
-    cumulative, running = [], 0
-    for w in weight:
-        running += w
-        cumulative.append(running)
-    total = running
-    bottleneck_at: dict[int, Tensor] = {}
-    for i in bottlenecks(order, edges, sinks) if sinks else []:
-        outs = [t for t in index.outputs(i)
-                if t in cand_set and any(c in spine for c in index.consumers.get(t, ()))]
-        if len(outs) == 1:
-            bottleneck_at[pos[i]] = outs[0]
-    bottleneck_positions = sorted(bottleneck_at)
-    cut_bytes, crossing = _cut_sweep(index, order, pos, spine, batch_size)
+    want = max(1, math.ceil(math.sqrt(max(len(spine.saved), 1))))
+    total, cumulative = spine.total, spine.cumulative
+    bottleneck_positions = spine.bottleneck_positions
     picks: list[Tensor] = []
     cut_positions: list[int] = []
     used_bottlenecks = 0
@@ -159,55 +131,24 @@ def _memory_policy(index, regions, facts, candidates, batch_size) -> CheckpointC
     for q in range(1, want + 1):
         target = total * q / (want + 1)
         lo = bisect_left(cumulative, target - half)
-        hi = min(bisect_left(cumulative, target + half), len(order) - 1)
+        hi = min(bisect_left(cumulative, target + half), len(spine.order) - 1)
         if lo > hi:
             continue
         b_lo, b_hi = bisect_left(bottleneck_positions, lo), bisect_left(bottleneck_positions, hi + 1)
         if b_lo < b_hi:
             p = min(bottleneck_positions[b_lo:b_hi], key=lambda x: abs(cumulative[x] - target))
-            if bottleneck_at[p] not in picks:
-                picks.append(bottleneck_at[p])
+            if spine.bottleneck_at[p] not in picks:
+                picks.append(spine.bottleneck_at[p])
                 used_bottlenecks += 1
         else:
-            cut_positions.append(min(range(lo, hi + 1), key=cut_bytes.__getitem__))
-    picks.extend(t for t in crossing(cut_positions) if t in cand_set and t not in picks)
+            cut_positions.append(min(range(lo, hi + 1), key=spine.cut_bytes.__getitem__))
+    picks.extend(t for t in spine.crossing(cut_positions) if t in cand_set and t not in picks)
     picks.sort(key=lambda t: (index.position[t[0]], t[1]))
     fallback = bool(cut_positions)
-    note = (f"{used_bottlenecks} of {len(bottleneck_at)} bottlenecks, spaced by bytes"
+    note = (f"{used_bottlenecks} of {len(spine.bottleneck_at)} bottlenecks, spaced by bytes"
             if not fallback else
             f"fallback for long skips: {used_bottlenecks} bottlenecks and {len(cut_positions)} "
             f"cheapest topological cuts ({len(picks) - used_bottlenecks} tensors crossing "
             "them), spaced by bytes")
-    return CheckpointChoice("memory", picks, note, len(candidates), len(bottleneck_at),
+    return CheckpointChoice("memory", picks, note, len(candidates), len(spine.bottleneck_at),
                             fallback=fallback)
-
-
-def _cut_sweep(index, order, pos, spine, batch_size):
-    """Bytes crossing each cut of the spine order, and a function naming the tensors that
-    cross given cuts. A cut after position p holds every spine tensor made at or before p
-    and read after it; keeping those is enough to recompute what follows the cut."""
-    last_read: dict[Tensor, int] = {}
-    for v in order:
-        for s, k in index.data_inputs[v]:
-            if s in spine and last_read.get((s, k), -1) < pos[v]:
-                last_read[(s, k)] = pos[v]
-    delta = [0] * (len(order) + 1)
-    for t, last in last_read.items():
-        size = nbytes(index.shape(t), index.dtype(t), batch_size) or 1
-        delta[pos[t[0]]] += size
-        delta[last] -= size
-    cut_bytes, running = [], 0
-    for p in range(len(order)):
-        running += delta[p]
-        cut_bytes.append(running)
-
-    def crossing(cuts: list[int]) -> list[Tensor]:
-        cuts = sorted(cuts)
-        out = []
-        for t, last in last_read.items():
-            j = bisect_left(cuts, pos[t[0]])  # first cut at or after the tensor is made
-            if j < len(cuts) and cuts[j] < last:
-                out.append(t)
-        return out
-
-    return cut_bytes, crossing
