@@ -48,8 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `tests` importable
     sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("original", "grappler", "memory", "speed")
-POLICIES = ("memory", "speed")
+# `none` is graphmem's rewrite without recompute (its early-updates pass only): it tells how
+# much of a policy's saving comes from recompute and how much from running updates early.
+VARIANTS = ("original", "grappler", "none", "memory", "speed")
+POLICIES = ("none", "memory", "speed")
+GRAPPLER_MEMORY = "RECOMPUTATION_HEURISTICS"  # Grappler's memory optimizer, for `grappler`
 MIB = 1024 * 1024
 MATCH_TOLERANCE = 1e-6  # rtol and atol of "matched"
 DEFAULT_STEPS = 6  # per worker; the peak is steady within a process, step times are not
@@ -165,7 +168,14 @@ def rewrite_models(models: dict[str, dict]) -> None:
                 "fallback": result.choice.fallback,
                 "note": result.choice.note,
                 "reverted": result.reverted,
+                "early_update_edges": _early_edges(result),
             }
+
+
+def _early_edges(result: Any) -> int | None:
+    """Control edges the early-updates pass added (None when the driver has no such pass)."""
+    early = getattr(result, "early", None)
+    return None if early is None else early.edges
 
 
 # ----------------------------------------------------------------------------------------
@@ -180,9 +190,6 @@ class VariantRun:
     seconds: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     error: str | None = None
-
-
-GRAPPLER_MEMORY = "RECOMPUTATION_HEURISTICS"
 
 
 def _open_runners(model: dict, threads: int, remapper: bool,
@@ -519,9 +526,10 @@ def format_rewrites(model: dict) -> str:
     parts = []
     for policy, r in model["rewrites"].items():
         extra = ", fallback: cuts" if r["fallback"] else ""
-        parts.append(f"{policy}: {r['checkpoints']} checkpoints, {r['copied_ops']} copied ops, "
-                     f"{r['nodes_before']} -> {r['nodes_after']} nodes, "
-                     f"{r['seconds']:.1f} s{extra}")
+        if r["early_update_edges"] is not None:
+            extra += f", {r['early_update_edges']} early-update edges"
+        parts.append(f"{policy}: {r['checkpoints']} checkpoints, {r['copied_ops']} copied ops"
+                     f"{extra}, {r['seconds']:.1f} s")
     return "rewrite " + "; ".join(parts)
 
 
@@ -561,6 +569,8 @@ def print_report(models: dict, summaries: dict, synthetic: dict, tf_import: list
           f"of the original's in the same process, worst of all processes; exact run: max "
           f"diff in one extra process with Grappler's remapper and arithmetic optimizer off "
           f"(then a correct rewrite trains bit-identically).")
+    print(f"grappler: the original graph with Grappler's {GRAPPLER_MEMORY}; none, memory, "
+          f"speed: graphmem rewrites with that --policy (none: early updates only).")
     for name, by_threads in summaries.items():
         model = models[name]
         for threads, rows in by_threads.items():

@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 
 from graphmem import __version__
-from graphmem.errors import GraphmemError
+from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
 
@@ -123,7 +123,7 @@ def _gate(peak: int, limit: int | None, what: str) -> None:
         from graphmem.errors import CheckFailed
         from graphmem.units import format_bytes
 
-        raise CheckFailed(f"{what} {format_bytes(peak)} is above --max-peak "
+        raise CheckFailed(f"{what} {format_bytes(peak)} is above the limit "
                           f"{format_bytes(limit)} (by {format_bytes(peak - limit)})")
 
 
@@ -202,8 +202,13 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="Where to write the rewritten model (same format as the input).")
 @model_options
-@click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "none"]),
-              help="How checkpoints are chosen (default: memory; none with --swap).")
+@click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "budget",
+                                            "none"]),
+              help="How checkpoints are chosen (default: memory; none with --swap; budget "
+                   "with --budget).")
+@click.option("--budget", metavar="SIZE|FRACTION",
+              help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
+                   "(2GiB) or FRACTION of the original peak (0.5).")
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
@@ -217,17 +222,23 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
                    "graph is written unchanged then).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
-def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, patterns,
-            grappler, plot, max_peak, early_updates, keep_worse, as_json, **swap_kw):
+def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, budget,
+            patterns, grappler, plot, max_peak, early_updates, keep_worse, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
     limit = _parse_max_peak(max_peak)
     swap = _swap_options_from(swap_kw)
-    policy = policy or ("none" if swap and not patterns else "memory")
+    if budget is not None and policy not in (None, "budget"):
+        raise UsageError("--budget goes with --policy budget")
+    policy = policy or ("budget" if budget is not None else
+                        "none" if swap and not patterns else "memory")
+    if policy == "budget" and not budget:
+        raise UsageError("--policy budget needs --budget SIZE or FRACTION (e.g. 2GiB, 0.5)")
     options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
                              grappler, keep_timeline=bool(plot), swap=swap,
-                             keep_worse=keep_worse, early_updates=early_updates)
+                             keep_worse=keep_worse, early_updates=early_updates,
+                             budget=budget)
     result = rewrite_file(model, output, options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot
@@ -246,6 +257,8 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
         render_rewrite(result, str(output), _console())
     final = result.before if result.reverted else result.after
     _gate(final.peak_bytes, limit, "estimated step peak after the rewrite")
+    if result.budget_bytes is not None:
+        _gate(final.peak_bytes, result.budget_bytes, "estimated step peak after the rewrite")
 
 
 @main.command()

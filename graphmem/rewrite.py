@@ -15,7 +15,8 @@ from graphmem.estimate import estimate_step
 from graphmem.formats import LoadedModel, load_model, save_model
 from graphmem.graph import dtypes
 from graphmem.graph.workspace import Workspace
-from graphmem.passes.checkpoints import CheckpointChoice, choose_checkpoints
+from graphmem.passes.budget import BudgetSolution, choose_budget_checkpoints, parse_budget
+from graphmem.passes.checkpoints import CheckpointChoice, candidate_tensors, choose_checkpoints
 from graphmem.passes.early_updates import EarlyUpdatesPlan, apply_early_updates
 from graphmem.passes.recompute import RecomputePlan, apply_recompute
 from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
@@ -40,6 +41,7 @@ class RewriteOptions:
     swap: SwapOptions | None = None  # swap pass on, with these options
     keep_worse: bool = False  # keep a rewrite even when its estimated peak is higher
     early_updates: bool = True  # run optimizer updates as soon as their gradient is ready
+    budget: str | None = None  # with policy "budget": a size or a fraction of the peak
 
 
 @dataclass
@@ -55,6 +57,8 @@ class RewriteResult:
     nodes_after: int
     reverted: bool = False  # the rewrite raised the estimated peak and was undone
     early: EarlyUpdatesPlan | None = None
+    budget_bytes: int | None = None
+    budget: BudgetSolution | None = None
 
 
 def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
@@ -69,15 +73,91 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     before = estimate_step(ws, regions, options.batch_size, options.backward_scopes,
                            options.grappler, keep_timeline=options.keep_timeline,
                            host_device=host)
-    choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
-                                options.checkpoint_patterns, ws.collection("checkpoints"))
-    checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
-                                  dtypes.name(index.dtype(t) or 0),
-                                  _bytes(index, t, options.batch_size))
-                   for t in choice.tensors]
     nodes_before = len(index)
     original = ws.graph_def.__class__()
     original.CopyFrom(ws.graph_def)
+    budget = solution = None
+    if options.policy == "budget":
+        budget = parse_budget(options.budget or "", before.peak_bytes)
+    correction = 0  # what the estimate found above the budget model, learned per attempt
+    for attempt in range(4):
+        if budget is not None:
+            choice, solution = choose_budget_checkpoints(
+                index, regions, facts, candidate_tensors(index, regions, facts),
+                options.batch_size, budget - correction, before.peak_bytes)
+        else:
+            choice = choose_checkpoints(options.policy, index, regions, facts,
+                                        options.batch_size, options.checkpoint_patterns,
+                                        ws.collection("checkpoints"))
+        checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
+                                      dtypes.name(index.dtype(t) or 0),
+                                      _bytes(index, t, options.batch_size))
+                       for t in choice.tensors]
+        plan, swap_plan, early, new_index, new_regions = _apply_passes(
+            ws, index, regions, facts, choice, checkpoints, options)
+        after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
+                              options.grappler, keep_timeline=options.keep_timeline,
+                              host_device=host)
+        if budget is None or solution is None or after.peak_bytes <= budget \
+                or not solution.feasible or attempt == 3:
+            break
+        # the model was optimistic for this graph: learn by how much, and plan again
+        correction += after.peak_bytes - solution.model_peak - correction
+        ws.graph_def.CopyFrom(original)
+        ws.reindex()
+    if solution is not None and after.peak_bytes > budget:
+        # the chain model could not place the plan under the budget: the sqrt(N) memory
+        # policy sometimes lands lower; take whichever the estimate says is lower
+        ws.graph_def.CopyFrom(original)
+        ws.reindex()
+        alt = choose_checkpoints("memory", index, regions, facts, options.batch_size)
+        alt_facts = [CheckpointFact(index.tensor_name(t), index.shape(t),
+                                    dtypes.name(index.dtype(t) or 0),
+                                    _bytes(index, t, options.batch_size)) for t in alt.tensors]
+        alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
+        alt_after = estimate_step(ws, alt_run[4], options.batch_size, options.backward_scopes,
+                                  options.grappler, keep_timeline=options.keep_timeline,
+                                  host_device=host)
+        if alt_after.peak_bytes < after.peak_bytes:
+            choice, checkpoints, after = alt, alt_facts, alt_after
+            plan, swap_plan, early, new_index, new_regions = alt_run
+            choice.policy = "budget"
+            choice.note = "the memory policy's plan (lower than the budget model's)"
+        else:  # redo the budget plan
+            ws.graph_def.CopyFrom(original)
+            ws.reindex()
+            plan, swap_plan, early, new_index, new_regions = _apply_passes(
+                ws, index, regions, facts, choice, checkpoints, options)
+    if solution is not None:
+        choice.note = _budget_note(solution, budget, after.peak_bytes, choice.note)
+    reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
+    if reverted:  # never hand back a graph the estimate says is worse
+        ws.graph_def.CopyFrom(original)
+        new_index = ws.reindex()
+    ws.commit()
+    return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
+                         nodes_before, len(new_index), reverted, early, budget, solution)
+
+
+def _budget_note(solution: BudgetSolution, budget: int, estimated: int, how: str) -> str:
+    from graphmem.units import format_bytes
+
+    share = solution.extra_flops / solution.total_flops if solution.total_flops else 0.0
+    if estimated <= budget and "memory" in how:
+        return (f"the memory policy's plan fits the budget of {format_bytes(budget)} (the "
+                "budget model's plan did not)")
+    if estimated <= budget:
+        return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
+                f"units recomputed (+{share:.0%} forward FLOPs) for a budget of "
+                f"{format_bytes(budget)}")
+    solution.feasible = False
+    return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
+            f"({'the memory policy' if 'memory' in how else solution.method}) reaches "
+            f"{format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
+
+
+def _apply_passes(ws: Workspace, index, regions, facts, choice, checkpoints, options):
+    """Recompute, then swap, then early updates, re-indexing after each pass that edits."""
     plan = RecomputePlan()
     if choice.policy != "none":
         plan = apply_recompute(index, regions, facts, choice.tensors)
@@ -95,16 +175,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
             new_index = ws.reindex()
             new_regions = analyze_regions(new_index, options.backward_scopes,
                                           options.batch_size, ws.collection("losses"))
-    after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
-                          options.grappler, keep_timeline=options.keep_timeline,
-                          host_device=host)
-    reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
-    if reverted:  # never hand back a graph the estimate says is worse
-        ws.graph_def.CopyFrom(original)
-        new_index = ws.reindex()
-    ws.commit()
-    return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
-                         nodes_before, len(new_index), reverted, early)
+    return plan, swap_plan, early, new_index, new_regions
 
 
 def _swap(ws: Workspace, index, regions, kept: list[str] | None, options: RewriteOptions):

@@ -45,7 +45,7 @@ def test_max_peak_gate(tmp_path):
     assert ok.exit_code == 0
     over = run_cli("inspect", fixture_path("resnet"), "--batch-size", "16", "--max-peak",
                    str(peak - 1))
-    assert over.exit_code == 1 and "above --max-peak" in over.stderr
+    assert over.exit_code == 1 and "above the limit" in over.stderr
     # rewrite: the gate applies to the peak after the rewrite, and the output is written
     out = tmp_path / "r.meta"
     res = run_cli("rewrite", fixture_path("resnet"), "-o", out, "--batch-size", "16",

@@ -23,7 +23,7 @@ from graphmem.analysis.spine import analyze_spine
 from graphmem.errors import InputError, UsageError
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
-POLICIES = ("memory", "speed", "collection", "names", "none")
+POLICIES = ("memory", "speed", "collection", "names", "budget", "none")
 EXPENSIVE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
                            "Conv2D", "Conv3D", "Conv1D", "DepthwiseConv2dNative",
                            "Conv2DBackpropInput", "Conv3DBackpropInputV2", "_FusedMatMul",

@@ -30,6 +30,12 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
         "early_updates": result.early,
+        "budget": None if result.budget is None else {
+            "budget_bytes": result.budget_bytes, "method": result.budget.method,
+            "feasible": result.budget.feasible, "min_peak_bytes": result.budget.min_peak,
+            "model_peak_bytes": result.budget.model_peak,
+            "extra_flops": result.budget.extra_flops,
+            "forward_flops": result.budget.total_flops},
         "before": _estimate_doc(result.before, result.swap is not None),
         "after": _estimate_doc(result.after, result.swap is not None),
         "swap": None if result.swap is None else {

@@ -1,0 +1,52 @@
+"""How much an op costs to recompute, in floating-point operations from static shapes.
+
+Matmuls and convolutions count their multiply-adds; every other op counts one operation per
+output element. Good enough to rank plans: the budget policy compares recompute costs of
+plans on the same graph, never against wall time.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from graphmem.graph.index import GraphIndex
+
+_MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
+           "BatchMatMul": ("adj_x", True), "BatchMatMulV2": ("adj_x", True),
+           "BatchMatMulV3": ("adj_x", True)}
+_CONV = {"Conv2D", "_FusedConv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput"}
+
+
+def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
+    out = _elements(index.shape((i, 0)), batch_size)
+    if out is None:
+        return 1
+    op = index.ops[i]
+    ins = index.data_inputs[i]
+    if op in _MATMUL and ins:
+        attr, _ = _MATMUL[op]
+        a = index.shape(ins[0])
+        if a and len(a) >= 2:
+            transposed = index.node(i).attr[attr].b if attr in index.node(i).attr else False
+            k = a[-2] if transposed else a[-1]
+            if k > 0:
+                return 2 * out * k
+    if op in _CONV and len(ins) >= 2:
+        f = index.shape(ins[1])
+        if f and len(f) >= 3 and all(d > 0 for d in f):
+            per_output = prod(f[:-2]) * (1 if op == "DepthwiseConv2dNative" else f[-2])
+            return 2 * out * per_output
+    return max(out, 1)
+
+
+def _elements(shape: list[int] | None, batch_size: int | None) -> int | None:
+    if shape is None:
+        return None
+    n = 1
+    for axis, d in enumerate(shape):
+        if d < 0:
+            if axis != 0 or batch_size is None:
+                return None
+            d = batch_size
+        n *= d
+    return n
