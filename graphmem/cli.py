@@ -313,5 +313,51 @@ def verify(original, rewritten, fmt, tag, steps, batch_size, feeds, train_op, lo
         raise CheckFailed("training differs: " + "; ".join(result.mismatches[:3]))
 
 
+@main.command()
+@click.argument("model", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format.")
+@click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
+@click.option("--function", help="Work on this function of the graph's library.")
+@click.option("--batch-size", type=click.IntRange(min=1),
+              help="Size of unknown leading (batch) dimensions.")
+@click.option("--points", default=8, show_default=True, type=click.IntRange(min=2, max=64),
+              help="Budgets between the smallest reachable peak and the original peak.")
+@click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
+              help="Draw the curve.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@handles_errors
+def plan(model, fmt, tag, function, batch_size, points, plot, as_json):
+    """Trade-off between peak memory and extra compute, with the memory and speed policies
+    placed on it."""
+    from graphmem.plan import tradeoff
+
+    result = tradeoff(model, batch_size, fmt, tag, function, points)
+    if plot:
+        from graphmem.report.plot import write_tradeoff_plot
+
+        write_tradeoff_plot(plot, result, f"graphmem plan {Path(model).name}")
+    if as_json:
+        from graphmem.report.json_out import emit
+
+        emit(result)
+        return
+    from rich.table import Table
+
+    from graphmem.units import format_bytes
+
+    table = Table(title=f"peak memory against extra compute (original peak "
+                        f"{format_bytes(result.original_peak_bytes)})", title_justify="left")
+    table.add_column("plan")
+    table.add_column("peak", justify="right")
+    table.add_column("x original", justify="right")
+    table.add_column("extra forward FLOPs", justify="right")
+    table.add_column("from")
+    for p in result.points + result.policies:
+        table.add_row(p.label, format_bytes(p.peak_bytes),
+                      f"{p.peak_bytes / max(result.original_peak_bytes, 1):.2f}",
+                      f"+{p.extra_flops_share:.0%}", p.how)
+    _console().print(table)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

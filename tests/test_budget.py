@@ -78,3 +78,19 @@ def test_unreachable_budget_exits_1_and_says_by_how_much(tmp_path):
     assert "cannot be met" in doc["policy_note"] and "over" in doc["policy_note"]
     assert doc["after"]["estimated_peak_bytes"] > doc["budget"]["budget_bytes"]
     assert out.exists()  # the lowest plan found is still written
+
+
+def test_plan_tradeoff_curve(tmp_path):
+    res = run_cli("plan", fixture_path("resnet"), "--batch-size", "32", "--points", "5",
+                  "--json", "--plot", tmp_path / "curve.svg")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)  # nothing but the document on stdout
+    points = sorted(doc["points"], key=lambda p: p["extra_flops_share"])
+    assert len(points) >= 3
+    # more recompute never costs memory: peaks fall as extra compute rises
+    assert all(a["peak_bytes"] >= b["peak_bytes"] for a, b in zip(points, points[1:]))
+    assert points[0]["extra_flops_share"] == 0
+    assert points[0]["peak_bytes"] == doc["original_peak_bytes"]
+    labels = {p["label"] for p in doc["policies"]}
+    assert labels == {"memory", "speed"}
+    assert (tmp_path / "curve.svg").read_text().startswith("<svg")

@@ -16,6 +16,7 @@ when the solver gives no answer in time, a greedy plan over the same model is us
 
 from __future__ import annotations
 
+import contextlib
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -161,13 +162,38 @@ def _solve(units: Units, base: int, budget: int | None, time_limit: float):
     integrality = np.zeros(size)
     integrality[:nr + nx] = 1
     bounds = Bounds(np.zeros(size), np.r_[np.ones(nr + nx), np.full(ns + 1, big)])
-    res = milp(c, integrality=integrality, bounds=bounds,
-               constraints=LinearConstraint(np.array(rows), lo, hi),
-               options={"time_limit": time_limit})
+    with _quiet_fds():  # HiGHS prints progress lines straight to the terminal
+        res = milp(c, integrality=integrality, bounds=bounds,
+                   constraints=LinearConstraint(np.array(rows), lo, hi),
+                   options={"time_limit": time_limit})
     if res.x is None:
         return None
     x = np.round(res.x).astype(int)
     return [bool(v) for v in x[r0:r0 + nr]], [bool(v) for v in x[x0:x0 + nx]], "milp"
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    import os
+    import sys
+
+    saved = []
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _greedy(units: Units, base: int, budget: int):

@@ -105,3 +105,13 @@ def _png(series: list[Series], title: str) -> bytes:
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def write_tradeoff_plot(path: str | Path, tradeoff, title: str) -> Path:
+    """The trade-off curve as an SVG (or PNG): peak against extra compute."""
+    path = Path(path)
+    pts = sorted(tradeoff.points, key=lambda p: p.extra_flops_share)
+    curve = Series("budget plans (model)", [p.peak_bytes for p in pts])
+    marks = [Series(f"{p.label} policy (estimate, +{p.extra_flops_share:.0%} FLOPs)",
+                    [p.peak_bytes]) for p in tradeoff.policies]
+    return write_plot(path, [curve, *marks], title + " (x: plans by extra compute)")
