@@ -88,7 +88,7 @@ def test_plan_tradeoff_curve(tmp_path):
     points = sorted(doc["points"], key=lambda p: p["extra_flops_share"])
     assert len(points) >= 3
     # more recompute never costs memory: peaks fall as extra compute rises
-    assert all(a["peak_bytes"] >= b["peak_bytes"] for a, b in zip(points, points[1:]))
+    assert all(a["peak_bytes"] >= b["peak_bytes"] for a, b in zip(points, points[1:], strict=False))
     assert points[0]["extra_flops_share"] == 0
     assert points[0]["peak_bytes"] == doc["original_peak_bytes"]
     labels = {p["label"] for p in doc["policies"]}
