@@ -534,7 +534,8 @@ def format_rewrites(model: dict) -> str:
 
 
 def _verdict(values: list[float | None], ok: Callable[[float], bool]) -> str:
-    shown = " | ".join(_fmt(v, ".2f") + "x" if v is not None else "-" for v in values)
+    """Three decimals: 0.503x must not print as a target of 0.5x "NOT met" at 0.50x."""
+    shown = " | ".join(_fmt(v, ".3f") + "x" if v is not None else "-" for v in values)
     known = [v for v in values if v is not None]
     met = "met" if known and len(known) == len(values) and all(ok(v) for v in known) \
         else "NOT met"
@@ -552,7 +553,7 @@ def format_targets(name: str, by_threads: dict[int, dict]) -> str:
         parts.append(f"peak {_verdict(peak, lambda v: v <= TARGET_PEAK_RATIO)} "
                      f"[<= {TARGET_PEAK_RATIO}x orig]")
     else:
-        parts.append(f"peak {' | '.join(_fmt(v, '.2f') + 'x' for v in peak)} [no target]")
+        parts.append(f"peak {' | '.join(_fmt(v, '.3f') + 'x' for v in peak)} [no target]")
     parts.append(f"vs Grappler {_verdict(vs_grappler, lambda v: v < 1.0)} [< 1x]")
     parts.append(f"step time {_verdict(step, lambda v: v <= TARGET_TIME_RATIO)} "
                  f"[<= {TARGET_TIME_RATIO}x]")

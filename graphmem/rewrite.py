@@ -14,6 +14,7 @@ from graphmem.analysis.regions import analyze_regions
 from graphmem.estimate import estimate_step
 from graphmem.formats import LoadedModel, load_model, save_model
 from graphmem.graph import dtypes
+from graphmem.graph.index import nbytes
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import BudgetSolution, choose_budget_checkpoints, parse_budget
 from graphmem.passes.checkpoints import CheckpointChoice, candidate_tensors, choose_checkpoints
@@ -89,10 +90,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
             choice = choose_checkpoints(options.policy, index, regions, facts,
                                         options.batch_size, options.checkpoint_patterns,
                                         ws.collection("checkpoints"))
-        checkpoints = [CheckpointFact(index.tensor_name(t), index.shape(t),
-                                      dtypes.name(index.dtype(t) or 0),
-                                      _bytes(index, t, options.batch_size))
-                       for t in choice.tensors]
+        checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
         plan, swap_plan, early, new_index, new_regions = _apply_passes(
             ws, index, regions, facts, choice, checkpoints, options)
         after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
@@ -111,9 +109,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         ws.graph_def.CopyFrom(original)
         ws.reindex()
         alt = choose_checkpoints("memory", index, regions, facts, options.batch_size)
-        alt_facts = [CheckpointFact(index.tensor_name(t), index.shape(t),
-                                    dtypes.name(index.dtype(t) or 0),
-                                    _bytes(index, t, options.batch_size)) for t in alt.tensors]
+        alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
         alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
         alt_after = estimate_step(ws, alt_run[4], options.batch_size, options.backward_scopes,
                                   options.grappler, keep_timeline=options.keep_timeline,
@@ -193,10 +189,11 @@ def _swap(ws: Workspace, index, regions, kept: list[str] | None, options: Rewrit
     return plan, new_index, new_regions
 
 
-def _bytes(index, t, batch_size):
-    from graphmem.graph.index import nbytes
-
-    return nbytes(index.shape(t), index.dtype(t), batch_size)
+def _checkpoint_facts(index, tensors, batch_size) -> list[CheckpointFact]:
+    return [CheckpointFact(index.tensor_name(t), index.shape(t),
+                           dtypes.name(index.dtype(t) or 0),
+                           nbytes(index.shape(t), index.dtype(t), batch_size))
+            for t in tensors]
 
 
 def rewrite_file(model_path: str | Path, out: str | Path, options: RewriteOptions,
