@@ -220,7 +220,7 @@ def _reopen_exact(runner: Any, threads: int, memory: str | None) -> None:
     Both rewrite an op only where its input has a single reader, which a recompute rewrite
     changes, so with either on a correct rewrite (graphmem's or Grappler's own) can round
     differently (~1e-7, which Adam turns into ~1e-6 on parameters whose true gradient is
-    zero). RunSpec(remapper=False) only turns off the remapper, hence this workaround."""
+    zero). RunSpec(grappler=False) only turns off the remapper, hence this workaround."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
     off = rewriter_config_pb2.RewriterConfig.OFF
@@ -328,7 +328,7 @@ class Job:
     threads: int
     process: int
     steps: int
-    remapper: bool = True
+    grappler: bool = True
     exact: bool = False
 
 

@@ -281,9 +281,9 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
               help="inter_op_parallelism_threads for both sessions.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
 @click.option("--exact", is_flag=True,
-              help="Demand bit-identical training: zero tolerances, and Grappler's op fusion "
-                   "off (a rewrite can change which ops fuse, which moves results by float "
-                   "rounding).")
+              help="Demand bit-identical training: zero tolerances, and Grappler off (a "
+                   "rewrite can change which ops Grappler fuses or simplifies, which moves "
+                   "results by float rounding).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def verify(original, rewritten, fmt, tag, steps, batch_size, feeds, train_op, loss, rtol,
@@ -296,7 +296,7 @@ def verify(original, rewritten, fmt, tag, steps, batch_size, feeds, train_op, lo
     from graphmem.runtime.verify import verify as run_verify
 
     spec = RunSpec(train_op, loss, None, batch_size, load_feed_files(list(feeds)), seed, threads,
-                   remapper=not exact)
+                   grappler=not exact)
     if exact:
         rtol = atol = 0.0
     result = run_verify(original, rewritten, spec, steps, rtol, atol, fmt, tag)

@@ -64,7 +64,7 @@ def test_budget_on_resnet_fits_and_trains_identically(tmp_path):
     assert result.budget.feasible
     assert result.after.peak_bytes <= result.budget_bytes
     assert result.budget.extra_flops < result.budget.total_flops  # not everything recomputed
-    r = verify(str(src), str(out), RunSpec(batch_size=16, remapper=False), 3, 0.0, 0.0)
+    r = verify(str(src), str(out), RunSpec(batch_size=16, grappler=False), 3, 0.0, 0.0)
     assert r.same_training
 
 

@@ -30,8 +30,8 @@ def _rewrite(name, tmp_path, policy, patterns=(), tag=None):
 
 
 def _assert_trains_identically(src, out, tag=None, steps=3, batch=16):
-    """Bit for bit with Grappler's fusion off; within float rounding with it on."""
-    exact = verify(str(src), str(out), RunSpec(batch_size=batch, remapper=False), steps,
+    """Bit for bit with Grappler off; within float rounding with it on."""
+    exact = verify(str(src), str(out), RunSpec(batch_size=batch, grappler=False), steps,
                    0.0, 0.0, tag=tag)
     assert exact.same_training, exact.mismatches
     assert exact.max_loss_diff == 0 and exact.max_variable_diff == 0

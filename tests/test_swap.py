@@ -53,7 +53,7 @@ def _check_pairs(out, result, ahead=(1, 10)):
 def test_swap_trains_identically(name, tmp_path):
     src, out, result = _swap(name, tmp_path)
     _check_pairs(out, result)
-    r = verify(str(src), str(out), RunSpec(batch_size=16, remapper=False), 3, 0.0, 0.0)
+    r = verify(str(src), str(out), RunSpec(batch_size=16, grappler=False), 3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0
     # on the device being saved, the estimate drops; the swapped bytes wait on the host
     assert result.after.peak_bytes < result.before.peak_bytes
@@ -113,7 +113,7 @@ def test_hybrid_swaps_the_checkpoints(tmp_path):
     src, out, result = _swap("mlp", tmp_path, policy="memory")
     kept = {c.name for c in result.checkpoints}
     assert kept and {p.tensor for p in result.swap.pairs} == kept
-    r = verify(str(src), str(out), RunSpec(batch_size=16, remapper=False), 3, 0.0, 0.0)
+    r = verify(str(src), str(out), RunSpec(batch_size=16, grappler=False), 3, 0.0, 0.0)
     assert r.same_training
 
 

@@ -64,7 +64,7 @@ def test_unet_rewrites_train_identically(unet, tmp_path, policy, swap):
         policy, [], 16, swap=SwapOptions() if swap else None, keep_worse=True))
     if policy == "memory":
         assert result.plan.copied_ops > 0
-    r = verify(str(unet), str(out), RunSpec(batch_size=4, remapper=False), 3, 0.0, 0.0)
+    r = verify(str(unet), str(out), RunSpec(batch_size=4, grappler=False), 3, 0.0, 0.0)
     assert r.same_training, r.mismatches
 
 

@@ -38,10 +38,11 @@ class RunSpec:
     # Grappler's own memory optimizer for this session (e.g. "RECOMPUTATION_HEURISTICS"),
     # to measure it side by side; None keeps TensorFlow's default.
     grappler_memory_optimization: str | None = None
-    # Grappler's remapper fuses ops (MatMul+BiasAdd, ...) only where an intermediate has one
-    # reader, so a rewrite that changes readers can change which ops fuse and move results
-    # by float rounding (about 1e-7). Off, a correct rewrite trains bit for bit the same.
-    remapper: bool = True
+    # Grappler fuses and rewrites ops (MatMul+BiasAdd, Mul+Square, ...) only where an
+    # intermediate has one reader, so a rewrite that changes readers can change which ops
+    # Grappler rewrites, moving results by float rounding (about 1e-7). With Grappler off,
+    # a correct rewrite trains bit for bit the same.
+    grappler: bool = True
 
 
 @dataclass
@@ -75,8 +76,8 @@ class GraphRunner:
         if spec.grappler_memory_optimization:
             config.graph_options.rewrite_options.memory_optimization = getattr(
                 rewriter_config_pb2.RewriterConfig, spec.grappler_memory_optimization)
-        if not spec.remapper:
-            config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
+        if not spec.grappler:
+            config.graph_options.rewrite_options.disable_meta_optimizer = True
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
 
     def _import(self, model: LoadedModel) -> None:
@@ -183,6 +184,13 @@ class FunctionRunner:
         self.index = ws.index
         self.spec = spec
         self.regions = analyze_regions(ws.index, None, spec.batch_size)
+        if not spec.grappler:  # functions are optimized when first called, with this setting
+            tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+        try:  # the same thread settings as the TF1 sessions; only possible before TF starts
+            tf.config.threading.set_intra_op_parallelism_threads(1)
+            tf.config.threading.set_inter_op_parallelism_threads(spec.inter_op_threads)
+        except RuntimeError:
+            pass
         self.obj = tf.saved_model.load(str(ws.model.path), tags=list(ws.model.tags) or None)
         self.fn, self.signature = self._find_train_step(ws)
         self.vars = _saved_variables(tf, self.obj)
