@@ -184,8 +184,10 @@ class FunctionRunner:
         self.index = ws.index
         self.spec = spec
         self.regions = analyze_regions(ws.index, None, spec.batch_size)
-        if not spec.grappler:  # functions are optimized when first called, with this setting
-            tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+        # functions are optimized when first called, under this process-wide setting: set it
+        # either way, so one run's choice does not leak into the next
+        tf.config.optimizer.set_experimental_options(
+            {"disable_meta_optimizer": not spec.grappler})
         try:  # the same thread settings as the TF1 sessions; only possible before TF starts
             tf.config.threading.set_intra_op_parallelism_threads(1)
             tf.config.threading.set_inter_op_parallelism_threads(spec.inter_op_threads)
