@@ -148,3 +148,23 @@ def _tamper_learning_rate(src, dst):
         if node.name == "Adam/learning_rate":
             node.attr["value"].tensor.float_val[0] *= 2
     save_model(model, dst)
+
+
+def test_copies_keep_their_originals_device(tmp_path):
+    from graphmem.formats import save_model
+    from graphmem.passes.recompute import original_name
+
+    placed = load_model(fixture_path("mlp"))
+    for n, node in enumerate(placed.graph_def.node):
+        node.device = f"/job:localhost/replica:0/task:0/device:CPU:{n % 2}"
+    src = tmp_path / "placed.meta"
+    save_model(placed, src)
+    out = tmp_path / "out.meta"
+    result = rewrite_file(src, out, RewriteOptions("memory", [], 16))
+    assert result.plan.copied_ops > 0
+    new = load_model(out).graph_def
+    devices = {n.name: n.device for n in new.node}
+    copies = [n for n in new.node if n.name.startswith(COPY_SCOPE + "/")]
+    assert copies and all(c.device == devices[original_name(c.name)] for c in copies)
+    originals = {n.name: n.device for n in placed.graph_def.node}
+    assert all(devices[k] == v for k, v in originals.items())
