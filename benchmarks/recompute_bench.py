@@ -9,13 +9,13 @@ Usage::
 
 The models (an MLP, a ResNet with batch norm, a transformer) are built with the fixture
 builders of tests/fixtures/build_fixtures.py at benchmark sizes into a temporary directory,
-then rewritten with `rewrite_file` (policies `memory` and `speed`).
+then rewritten with `rewrite_file` (policies `none` (early updates only), `memory`, `speed`).
 
 Why worker processes: TensorFlow's executor takes ready ops in an order that varies from one
 process to the next, and the peak moves with it; and a process keeps the inter-op thread pool
 of its first session, so one process cannot measure two thread settings. Each (model, threads)
 measurement therefore runs in several fresh processes (this script re-invoked with `--worker`,
-printing one JSON line), and the tables show medians across them. Inside a worker the four
+printing one JSON line), and the tables show medians across them. Inside a worker the five
 variants start from the original's initial variables and are stepped in turn on the same
 feeds, so their losses and final variables are compared with the original's of that process.
 One more process per model repeats that comparison with the Grappler passes off whose
@@ -112,7 +112,7 @@ def _transformer(seq: int, d_model: int, blocks: int, batch: int) -> ModelSpec:
 
 
 def model_specs(quick: bool, mlp: tuple[int, int, int] | None = None) -> dict[str, ModelSpec]:
-    """Full sizes keep one run under ~15 minutes on 2 cores; quick ones under ~3.
+    """Full sizes: one run takes ~9 minutes on 2 cores; quick ones ~4.
     `mlp` (layers, width, batch) replaces the MLP's sizes."""
     if quick:
         specs = [_mlp(*(mlp or (24, 512, 128))), _resnet(16, 4, (16, 32, 64), 32),
@@ -192,8 +192,7 @@ class VariantRun:
     error: str | None = None
 
 
-def _open_runners(model: dict, threads: int, remapper: bool,
-                  exact: bool) -> dict[str, VariantRun]:
+def _open_runners(model: dict, threads: int, exact: bool) -> dict[str, VariantRun]:
     """A GraphRunner per variant; `grappler` is the original graph in a session whose
     Grappler memory optimizer does RECOMPUTATION_HEURISTICS."""
     from graphmem.formats import load_model
@@ -206,8 +205,7 @@ def _open_runners(model: dict, threads: int, remapper: bool,
         memory = GRAPPLER_MEMORY if variant == "grappler" else None
         spec = RunSpec(train_op=model["train_op"], loss=model["loss"],
                        init_op=model["init_op"], batch_size=model["batch"],
-                       inter_op_threads=threads, remapper=remapper and not exact,
-                       grappler_memory_optimization=memory)
+                       inter_op_threads=threads, grappler_memory_optimization=memory)
         runner = GraphRunner(Workspace.open(load_model(path)), spec)
         if exact:
             _reopen_exact(runner, threads, memory)
@@ -220,7 +218,8 @@ def _reopen_exact(runner: Any, threads: int, memory: str | None) -> None:
     Both rewrite an op only where its input has a single reader, which a recompute rewrite
     changes, so with either on a correct rewrite (graphmem's or Grappler's own) can round
     differently (~1e-7, which Adam turns into ~1e-6 on parameters whose true gradient is
-    zero). RunSpec(grappler=False) only turns off the remapper, hence this workaround."""
+    zero). RunSpec(grappler=False) turns all of Grappler off, its memory optimizer too,
+    which would make the `grappler` variant the original; hence a session of our own."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
     off = rewriter_config_pb2.RewriterConfig.OFF
@@ -285,14 +284,13 @@ def _compare(ref: VariantRun, run: VariantRun, ref_vars: dict, variables: dict) 
             "max_diff": max(loss_diff, var_diff), "matched": matched}
 
 
-def run_worker(models_file: Path, name: str, threads: int, steps: int, remapper: bool,
-               exact: bool) -> dict:
+def run_worker(models_file: Path, name: str, threads: int, steps: int, exact: bool) -> dict:
     """Train every variant of one model for `steps` steps; per variant: step peaks, step
     seconds, losses, and differences from the original."""
     from graphmem.runtime.train_runner import RunSpec, make_feeds
 
     model = json.loads(models_file.read_text())[name]
-    runs = _open_runners(model, threads, remapper, exact)
+    runs = _open_runners(model, threads, exact)
     ref = runs["original"]
     ref.runner.initialize()
     initial = ref.runner.variables()
@@ -328,7 +326,6 @@ class Job:
     threads: int
     process: int
     steps: int
-    grappler: bool = True
     exact: bool = False
 
 
@@ -337,8 +334,6 @@ def launch_worker(models_file: Path, job: Job) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", str(models_file),
            "--worker-model", job.model, "--worker-threads", str(job.threads),
            "--steps", str(job.steps)]
-    if not job.remapper:
-        cmd.append("--no-remapper")
     if job.exact:
         cmd.append("--worker-exact")
     try:
@@ -353,13 +348,11 @@ def launch_worker(models_file: Path, job: Job) -> dict:
     return json.loads(lines[-1])
 
 
-def plan_jobs(names: list[str], threads: list[int], processes: int, steps: int,
-              remapper: bool) -> list[Job]:
+def plan_jobs(names: list[str], threads: list[int], processes: int, steps: int) -> list[Job]:
     """Measurement jobs, repetitions as the outer loop so that a burst of machine noise
     spreads over all measurements instead of hitting one; then one exact job per model."""
-    jobs = [Job(m, t, p, steps, remapper) for p in range(processes) for m in names
-            for t in threads]
-    return jobs + [Job(m, 1, 0, min(steps, 3), remapper, exact=True) for m in names]
+    jobs = [Job(m, t, p, steps) for p in range(processes) for m in names for t in threads]
+    return jobs + [Job(m, 1, 0, min(steps, 3), exact=True) for m in names]
 
 
 def run_jobs(models_file: Path, jobs: list[Job]) -> tuple[dict, dict]:
@@ -564,8 +557,7 @@ def print_report(models: dict, summaries: dict, synthetic: dict, tf_import: list
                  settings: dict) -> None:
     print(f"graphmem recompute benchmark ({settings['mode']} mode): median over "
           f"{settings['processes']} processes of each process's median over steps 2..."
-          f"{settings['steps']}; Grappler remapper (op fusion) "
-          f"{'on' if settings['remapper'] else 'off'}.")
+          f"{settings['steps']}; TensorFlow's default session options.")
     print(f"matched: every loss and final variable within {MATCH_TOLERANCE:g} (rel. and abs.) "
           f"of the original's in the same process, worst of all processes; exact run: max "
           f"diff in one extra process with Grappler's remapper and arithmetic optimizer off "
@@ -599,7 +591,7 @@ def print_report(models: dict, summaries: dict, synthetic: dict, tf_import: list
 # ----------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smaller models, fewer steps (~3 min)")
+    ap.add_argument("--quick", action="store_true", help="smaller models (~4 min instead of ~9)")
     ap.add_argument("--models", default=None,
                     help="comma separated: mlp,resnet,transformer (default: all)")
     ap.add_argument("--processes", type=int, default=3,
@@ -607,11 +599,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", default="1,2", help="inter-op thread settings (default 1,2)")
     ap.add_argument("--steps", type=int, default=None,
                     help="training steps per worker (default 6); the first is not counted")
-    ap.add_argument("--no-remapper", dest="remapper", action="store_false",
-                    help="Grappler's op fusion (remapper) off in the measured sessions too")
     ap.add_argument("--mlp", default=None, metavar="LAYERS,WIDTH,BATCH",
                     help="MLP sizes (default 32,1024,256; quick 24,512,128)")
-    ap.add_argument("--synthetic-nodes", type=int, default=100_000)
+    ap.add_argument("--synthetic-nodes", type=int, default=100_000,
+                    help="size of the synthetic graph whose rewrite is timed")
     ap.add_argument("--json", type=Path, default=None, help="also write all numbers here")
     ap.add_argument("--keep", type=Path, default=None,
                     help="build the models here (kept) instead of a temporary directory")
@@ -641,7 +632,7 @@ def benchmark(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     threads = [int(t) for t in args.threads.split(",")]
     steps = args.steps or DEFAULT_STEPS
     settings = {"mode": "quick" if args.quick else "full", "processes": args.processes,
-                "threads": threads, "steps": steps, "remapper": args.remapper,
+                "threads": threads, "steps": steps,
                 "match_tolerance": MATCH_TOLERANCE}
     print("synthetic scaling check ...", file=sys.stderr, flush=True)
     synthetic = synthetic_scaling(args.synthetic_nodes)  # before TF is imported here
@@ -651,7 +642,7 @@ def benchmark(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     rewrite_models(models)
     models_file = out_dir / "models.json"
     models_file.write_text(json.dumps(models, indent=1))
-    jobs = plan_jobs([s.name for s in specs], threads, args.processes, steps, args.remapper)
+    jobs = plan_jobs([s.name for s in specs], threads, args.processes, steps)
     measured, exact = run_jobs(models_file, jobs)
     summaries = {m: {t: summarize(results, exact.get(m)) for t, results in by_t.items()}
                  for m, by_t in measured.items()}
@@ -665,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         result = run_worker(args.worker, args.worker_model, args.worker_threads,
-                            args.steps or DEFAULT_STEPS, args.remapper, args.worker_exact)
+                            args.steps or DEFAULT_STEPS, args.worker_exact)
         print(json.dumps(result))
         return 0
     start = time.perf_counter()

@@ -70,7 +70,9 @@ class GraphRunner:
             self.init = self._find_init(spec)
             self._build_variable_io()
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                          inter_op_parallelism_threads=spec.inter_op_threads)
+                                          inter_op_parallelism_threads=spec.inter_op_threads,
+                                          # else the first session's pool size wins for all
+                                          use_per_session_threads=True)
         from tensorflow.core.protobuf import rewriter_config_pb2
 
         if spec.grappler_memory_optimization:
