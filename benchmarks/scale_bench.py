@@ -240,23 +240,70 @@ class Run:
     rss_growth: float | None = None
 
 
-def run_measured(cmd: list[str], workdir: Path, timeout: float = TIMEOUT) -> dict:
-    """Run `cmd` in a fresh process; its wall time, CPU time, peak RSS, stdout, stderr."""
+def available_memory_mib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def run_measured(cmd: list[str], workdir: Path, timeout: float = TIMEOUT,
+                 max_rss_mib: float | None = None) -> dict:
+    """Run `cmd` in a fresh process; its wall time, CPU time, peak RSS, stdout, stderr.
+    A watchdog kills it after `timeout` seconds or above `max_rss_mib` of resident memory
+    (polled every 0.1 s), so one runaway run cannot push the machine into the OOM killer."""
     out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
+    killed: list[str] = []
+    done = threading.Event()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=BASE_ENV, cwd=workdir)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
+
+        def watch() -> None:
+            while not done.wait(0.1):
+                if time.perf_counter() - start > timeout:
+                    killed.append(f"timed out after {timeout:.0f} s")
+                elif max_rss_mib is not None and (_rss_mib(proc.pid) or 0) > max_rss_mib:
+                    killed.append(f"killed above {max_rss_mib / 1024:.1f} GiB RSS "
+                                  f"after {time.perf_counter() - start:.0f} s")
+                else:
+                    continue
+                proc.kill()
+                return
+
+        watchdog = threading.Thread(target=watch, daemon=True)
+        watchdog.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
         finally:
-            killer.cancel()
+            done.set()
+            watchdog.join()
         seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    error = None
+    if killed:
+        error = killed[0]
+    elif proc.returncode < 0:
+        error = f"killed by signal {-proc.returncode} (out of memory?)"
+    elif proc.returncode != 0:
+        lines = err_path.read_text(errors="replace").strip().splitlines()
+        error = f"exit {proc.returncode}: " + (lines[-1][:300] if lines else "no message")
     return {"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
             "peak_rss_mib": usage.ru_maxrss * 1024 / MIB,  # KiB on Linux
-            "returncode": proc.returncode, "timed_out": seconds >= timeout,
+            "returncode": proc.returncode, "error": error,
             "stdout": out_path.read_text(errors="replace"),
             "stderr": err_path.read_text(errors="replace")}
 
@@ -301,7 +348,8 @@ def _detail(command: str, stdout: str) -> dict:
 
 
 def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
-                  commands: tuple[str, ...], log) -> tuple[dict, list[Run]]:
+                  commands: tuple[str, ...], max_rss_mib: float | None,
+                  log) -> tuple[dict, list[Run]]:
     model = workdir / f"{shape}_{size_label(target)}.meta"
     out = workdir / f"{shape}_{size_label(target)}_out.meta"
     log(f"building {shape} ~{size_label(target)} ...")
@@ -310,13 +358,10 @@ def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
         f"built in {facts['build_seconds']:.1f} s")
     runs = []
     for command in commands:
-        res = run_measured(command_line(command, model, out), workdir)
+        res = run_measured(command_line(command, model, out), workdir,
+                           max_rss_mib=max_rss_mib)
         run = Run(shape, target, facts["nodes"], command, res["seconds"], res["cpu_seconds"],
-                  res["peak_rss_mib"], res["returncode"])
-        if res["timed_out"]:
-            run.error = f"timed out after {TIMEOUT} s"
-        elif res["returncode"] != 0:
-            run.error = (res["stderr"].strip().splitlines() or ["?"])[-1][:300]
+                  res["peak_rss_mib"], res["returncode"], res["error"])
         run.detail = _detail(command, res["stdout"])
         log(f"  {command:<15} {run.seconds:8.2f} s  {run.cpu_seconds:8.2f} cpu s  "
             f"{run.peak_rss_mib:8.1f} MiB" + (f"  ERROR {run.error}" if run.error else ""))
@@ -330,9 +375,9 @@ def import_tensorflow(workdir: Path, runs: int = TF_RUNS) -> dict:
     """`python -c "import tensorflow"`, `runs` times: median wall time and peak RSS."""
     results = [run_measured([sys.executable, "-c", "import tensorflow"], workdir)
                for _ in range(runs)]
-    ok = [r for r in results if r["returncode"] == 0]
+    ok = [r for r in results if r["error"] is None]
     if not ok:
-        return {"error": (results[0]["stderr"].strip().splitlines() or ["?"])[-1][:300]}
+        return {"error": results[0]["error"]}
     return {"seconds": statistics.median(r["seconds"] for r in ok),
             "cpu_seconds": statistics.median(r["cpu_seconds"] for r in ok),
             "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in ok),
@@ -382,6 +427,9 @@ def checks(runs: list[Run], tf: dict) -> dict:
         over = []
         missing = []
         for r in big:
+            if r.error:
+                over.append(f"{r.shape}/{r.command} failed ({r.error})")
+                continue
             if r.time_growth is None or r.rss_growth is None:
                 missing.append(f"{r.shape}/{r.command}")
                 continue
@@ -440,6 +488,9 @@ def print_report(runs: list[Run], graphs: list[dict], tf: dict, result: dict) ->
           f"({c['rewrite_100k_chain_note']})")
     print(f"every growth ratio 100k -> 1M <= {MAX_GROWTH:g}x: "
           f"{yes_no[c['growth_100k_to_1M_within_12x']]} ({c['growth_note']})")
+    if result.get("max_rss_mib"):
+        print(f"each command is killed above {result['max_rss_mib'] / 1024:.1f} GiB RSS "
+              "(--max-rss)")
     print(f"total {result['total_seconds'] / 60:.1f} min; wall times on a shared "
           f"{os.cpu_count()}-core machine are noisy (CPU seconds less so)")
 
@@ -460,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                          "TensorFlow for op definitions)")
     ap.add_argument("--tf-runs", type=int, default=TF_RUNS,
                     help="runs of `import tensorflow` (median; 0 to skip)")
+    ap.add_argument("--max-rss", type=float, metavar="GIB",
+                    help="kill a command above this resident memory (default: half of the "
+                         "memory available at start)")
     ap.add_argument("--keep", metavar="DIR",
                     help="work in DIR (created) and keep it, instead of a temporary directory")
     args = ap.parse_args(argv)
@@ -478,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    max_rss_mib = args.max_rss * 1024 if args.max_rss else None
+    if max_rss_mib is None and available_memory_mib():
+        max_rss_mib = available_memory_mib() / 2
     started = time.perf_counter()
     if args.keep:
         workdir = Path(args.keep)
@@ -495,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         for target in sizes:
             for shape in shapes:
                 facts, graph_runs = measure_graph(shape, target, workdir,
-                                                  not args.no_op_list, commands, log)
+                                                  not args.no_op_list, commands,
+                                                  max_rss_mib, log)
                 graphs.append({"shape": shape, "target": target, **facts})
                 runs.extend(graph_runs)
     finally:
@@ -503,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     add_growth(runs)
     result = {"batch_size": BATCH, "op_list": not args.no_op_list, "cpus": os.cpu_count(),
+              "max_rss_mib": max_rss_mib,
               "graphs": graphs, "runs": [asdict(r) for r in runs], "import_tensorflow": tf,
               "total_seconds": time.perf_counter() - started}
     result["checks"] = checks(runs, tf)
