@@ -19,7 +19,7 @@ from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import build_units, solve_budget
 from graphmem.passes.checkpoints import candidate_tensors
 from graphmem.passes.recompute import COPY_SCOPE
-from graphmem.rewrite import RewriteOptions, rewrite_workspace
+from graphmem.rewrite import RewriteOptions, early_updates_peak, rewrite_workspace
 
 
 @dataclass
@@ -34,6 +34,7 @@ class TradeoffPoint:
 class Tradeoff:
     original_peak_bytes: int
     forward_flops: int
+    early_updates_peak_bytes: int  # no recompute, early updates only: the curve's top
     points: list[TradeoffPoint] = field(default_factory=list)
     policies: list[TradeoffPoint] = field(default_factory=list)
 
@@ -50,9 +51,14 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     spine = analyze_spine(index, regions, facts, set(candidate_tensors(index, regions, facts)),
                           batch_size)
     units = build_units(index, spine, batch_size)
-    base = max(original - sum(units.act), 0)
+    # no recompute still has the early-updates pass, which rewrites run by default: the
+    # model's base is that graph's peak (see rewrite_workspace)
+    # (this edits ws, which is not used afterwards: each policy opens its own)
+    no_recompute = early_updates_peak(ws, index, regions, facts,
+                                      RewriteOptions("none", [], batch_size))
+    base = max(no_recompute - sum(units.act), 0)
     total = sum(units.flops) or 1
-    result = Tradeoff(original, total)
+    result = Tradeoff(original, total, no_recompute)
     low = solve_budget(units, base, 0).min_peak
     for k in range(steps):
         budget = int(low + (original - low) * k / max(steps - 1, 1))

@@ -80,12 +80,20 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     budget = solution = None
     if options.policy == "budget":
         budget = parse_budget(options.budget or "", before.peak_bytes)
+    base_peak = before.peak_bytes
+    if budget is not None and options.early_updates and options.swap is None:
+        # the budget model's base is the peak without recompute *after* early updates: on
+        # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
+        # remove most of it, and a base from the original would buy recompute for nothing
+        base_peak = early_updates_peak(ws, index, regions, facts, options)
+        ws.graph_def.CopyFrom(original)
+        ws.reindex()
     correction = 0  # what the estimate found above the budget model, learned per attempt
     for attempt in range(4):
         if budget is not None:
             choice, solution = choose_budget_checkpoints(
                 index, regions, facts, candidate_tensors(index, regions, facts),
-                options.batch_size, budget - correction, before.peak_bytes)
+                options.batch_size, budget - correction, base_peak)
         else:
             choice = choose_checkpoints(options.policy, index, regions, facts,
                                         options.batch_size, options.checkpoint_patterns,
@@ -133,6 +141,15 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
                          nodes_before, len(new_index), reverted, early, budget, solution)
+
+
+def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOptions) -> int:
+    """Estimated peak of the graph with the early-updates pass alone (no recompute). Edits
+    the workspace: the caller restores it."""
+    none = CheckpointChoice("none", [])
+    *_, new_regions = _apply_passes(ws, index, regions, facts, none, [], options)
+    return estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
+                         options.grappler).peak_bytes
 
 
 def _budget_note(solution: BudgetSolution, budget: int, estimated: int, how: str) -> str:

@@ -38,8 +38,79 @@ def test_infeasible_budget_reports_the_smallest_peak():
 
 def test_greedy_fallback_without_scipy(monkeypatch):
     monkeypatch.setattr(budget_mod, "_solve", lambda *a, **k: None)
+    monkeypatch.setattr(budget_mod, "_solve_dp", lambda *a, **k: None)
     sol = solve_budget(CHAIN, base=0, budget=250)
     assert sol.method.startswith("greedy") and sol.feasible and sol.model_peak <= 250
+
+
+def test_dp_finds_the_hand_worked_plans():
+    r, x, method = budget_mod._solve_dp(CHAIN, 0, 250)
+    assert method == "dp" and r == [True, False, True]
+    assert model_peak(CHAIN, 0, r, x) == 205
+    r, x, _ = budget_mod._solve_dp(CHAIN, 0, None)  # smallest peak: 5 + 5 + 100
+    assert model_peak(CHAIN, 0, r, x) == 110
+    assert budget_mod._solve_dp(CHAIN, 0, 0) is None  # no headroom at all
+
+
+def _random_chain(rng, m):
+    return Units(list(range(m - 1)), [rng.randint(1, 100) * 1000 for _ in range(m)],
+                 [rng.randint(1, 50) for _ in range(m)],
+                 [rng.randint(1, 30) * 100 for _ in range(m - 1)])
+
+
+def _flops(units, recompute):
+    return sum(f for f, r in zip(units.flops, recompute, strict=True) if r)
+
+
+def test_dp_agrees_with_an_exhaustive_search_on_short_chains():
+    import itertools
+    import random
+
+    rng = random.Random(3)
+    for _ in range(25):
+        m = rng.randint(2, 6)
+        units, base = _random_chain(rng, m), rng.randint(0, 50_000)
+        plans = [(list(r), [bool(c) and r[k + 1] for k, c in enumerate(cuts)])
+                 for r in itertools.product([False, True], repeat=m)
+                 for cuts in itertools.product([0, 1], repeat=m - 1)]
+        plans = [(r, [x or (r[k + 1] and not r[k]) for k, x in enumerate(c)]) for r, c in plans]
+        low = min(model_peak(units, base, r, x) for r, x in plans)
+        r, x, _ = budget_mod._solve_dp(units, base, None)
+        assert model_peak(units, base, r, x) == low
+        budget = rng.randint(low, base + sum(units.act))
+        best = min(_flops(units, r) for r, x in plans if model_peak(units, base, r, x) <= budget)
+        r, x, _ = budget_mod._solve_dp(units, base, budget)
+        assert model_peak(units, base, r, x) <= budget
+        # bucket rounding may cost a little on budgets met to within a bucket; never much
+        assert _flops(units, r) <= best + max(units.flops)
+
+
+def test_long_chains_are_solved_by_the_dp_within_the_budget(monkeypatch):
+    import random
+
+    def no_milp(*a, **k):
+        raise AssertionError("the MILP is for short chains")
+
+    monkeypatch.setattr(budget_mod, "_solve", no_milp)
+    units = _random_chain(random.Random(5), 3 * budget_mod.MILP_UNITS)
+    low = solve_budget(units, 10_000, 0).min_peak
+    top = 10_000 + sum(units.act)
+    previous = None
+    for budget in (low, (low + top) // 2, top):
+        sol = solve_budget(units, 10_000, budget)
+        assert sol.method == "dp" and sol.feasible and sol.model_peak <= budget
+        # a larger budget never needs more recompute
+        assert previous is None or sol.extra_flops <= previous
+        previous = sol.extra_flops
+    assert previous == 0  # the original peak needs no recompute
+
+
+def test_short_chains_take_the_cheaper_of_milp_and_dp(monkeypatch):
+    # a MILP answer that recomputes everything is beaten by the DP's plan
+    monkeypatch.setattr(budget_mod, "_solve",
+                        lambda u, b, budget, t: ([True] * 3, [True, True], "milp"))
+    sol = solve_budget(CHAIN, base=0, budget=250)
+    assert sol.method == "dp" and sol.recompute == [True, False, True]
 
 
 @pytest.mark.parametrize("text,expected", [("0.5", 500), ("1", 1000), ("2KiB", 2048),
@@ -68,6 +139,18 @@ def test_budget_on_resnet_fits_and_trains_identically(tmp_path):
     assert r.same_training
 
 
+def test_budget_counts_what_early_updates_save_before_recomputing(tmp_path):
+    # the MLP's peak is mostly weight gradients waiting for Adam: early updates alone reach
+    # far below it, so a budget at that level needs no recompute at all
+    src = fixture_path("mlp")
+    none = rewrite_file(src, tmp_path / "n.meta", RewriteOptions("none", [], 64))
+    assert none.after.peak_bytes < 0.8 * none.before.peak_bytes
+    result = rewrite_file(src, tmp_path / "b.meta",
+                          RewriteOptions("budget", [], 64, budget=str(none.after.peak_bytes)))
+    assert result.budget.feasible and result.after.peak_bytes <= result.budget_bytes
+    assert result.plan.copied_ops == 0 and result.budget.extra_flops == 0
+
+
 def test_unreachable_budget_exits_1_and_says_by_how_much(tmp_path):
     out = tmp_path / "r.meta"
     res = run_cli("rewrite", fixture_path("resnet"), "-o", out, "--batch-size", "64",
@@ -90,7 +173,9 @@ def test_plan_tradeoff_curve(tmp_path):
     # more recompute never costs memory: peaks fall as extra compute rises
     assert all(a["peak_bytes"] >= b["peak_bytes"] for a, b in zip(points, points[1:], strict=False))
     assert points[0]["extra_flops_share"] == 0
-    assert points[0]["peak_bytes"] == doc["original_peak_bytes"]
+    # no recompute: the peak with early updates alone, which never exceeds the original's
+    assert points[0]["peak_bytes"] == doc["early_updates_peak_bytes"]
+    assert doc["early_updates_peak_bytes"] <= doc["original_peak_bytes"]
     labels = {p["label"] for p in doc["policies"]}
     assert labels == {"memory", "speed"}
     assert (tmp_path / "curve.svg").read_text().startswith("<svg")

@@ -10,8 +10,10 @@ kept. The step's peak is modelled as
 
 where base is the estimated peak minus all saved activations. Minimising the recompute
 FLOPs under `peak <= budget` is a small mixed-integer program (Checkmate, Jain et al. 2020,
-restricted to a chain), solved with SciPy's HiGHS under a time limit; without SciPy, or
-when the solver gives no answer in time, a greedy plan over the same model is used.
+restricted to a chain), solved with SciPy's HiGHS under a time limit on short chains, and
+by a dynamic program over (boundary, kept bytes) on any chain (`_solve_dp`: long chains
+are where HiGHS runs out of time); the cheaper plan is taken. When neither gives an answer,
+a greedy plan over the same model is used.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from graphmem.analysis.spine import Spine
 from graphmem.graph.index import GraphIndex, Tensor
 
 MAX_UNITS = 400
+# Up to this many units the MILP solves in well under a second; beyond it HiGHS often runs
+# into its time limit (a uniform 40-unit chain takes ~20 s), so a dynamic program is used.
+MILP_UNITS = 24
+DP_BUCKETS = 1024  # memory resolution of the dynamic program (of the budget's headroom)
+DP_GRID = 12  # segment bounds tried per refinement level
 
 
 @dataclass
@@ -94,9 +101,9 @@ def model_peak(units: Units, base: int, recompute: list[bool], keep_cut: list[bo
 def solve_budget(units: Units, base: int, budget: int, time_limit: float = 20.0
                  ) -> BudgetSolution:
     total_flops = sum(units.flops)
-    min_sol = _solve(units, base, None, time_limit)
+    min_sol = _best(units, base, None, time_limit)
     min_peak = model_peak(units, base, *min_sol[:2]) if min_sol else base + sum(units.act)
-    sol = _solve(units, base, budget, time_limit) if min_peak <= budget else None
+    sol = _best(units, base, budget, time_limit) if min_peak <= budget else None
     if sol is not None:
         recompute, keep_cut, method = sol
     elif min_peak > budget and min_sol is not None:
@@ -110,9 +117,30 @@ def solve_budget(units: Units, base: int, budget: int, time_limit: float = 20.0
                           peak <= budget, min_peak)
 
 
+def _best(units: Units, base: int, budget: int | None, time_limit: float):
+    """The dynamic program, and on short chains also the MILP: the better plan (fewer
+    FLOPs, or with no budget a lower peak; ties go to the MILP). HiGHS is exact in theory
+    but its tolerances sometimes leave a cheaper plan on the table, and beyond MILP_UNITS
+    it rarely finishes within its time limit."""
+    plans = []
+    if len(units.act) <= MILP_UNITS:
+        plans.append(_solve(units, base, budget, time_limit))
+    plans.append(_solve_dp(units, base, budget, time_limit))
+    plans = [p for p in plans if p is not None]
+    if not plans:
+        return None
+
+    def key(plan):
+        peak = model_peak(units, base, plan[0], plan[1])
+        extra = sum(f for f, r in zip(units.flops, plan[0], strict=True) if r)
+        return (peak, extra) if budget is None else (extra, peak)
+
+    return min(plans, key=key)  # min keeps the first (the MILP's) on ties
+
+
 def _solve(units: Units, base: int, budget: int | None, time_limit: float):
     """The MILP: minimise recompute FLOPs under the budget, or (budget None) minimise the
-    modelled peak. Returns (recompute, keep_cut, "milp") or None."""
+    modelled peak. Returns (recompute, keep_cut, "milp") or None. Exact; for small chains."""
     try:
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -171,6 +199,183 @@ def _solve(units: Units, base: int, budget: int | None, time_limit: float):
     x = np.round(res.x).astype(int)
     return [bool(v) for v in x[r0:r0 + nr]], [bool(v) for v in x[x0:x0 + nx]], "milp"
 
+
+def _solve_dp(units: Units, base: int, budget: int | None, time_limit: float = 20.0):
+    """The same problem as `_solve` by dynamic programming, for long chains.
+
+    A plan is a path over the unit boundaries 0..m: a kept unit k is an arc k -> k+1 that
+    costs its activations; a recomputed segment k..j is an arc k -> j+1 that costs its
+    FLOPs, and the bytes of cut k-1 when k > 0. For a bound S on the largest segment, the
+    cheapest plan whose kept bytes fit `budget - base - S` is a shortest path over
+    (boundary, kept bytes in buckets of 1/DP_BUCKETS of the headroom); S is searched on a
+    grid of the chain's segment sums, refined around the best. Bytes are rounded to the
+    nearest bucket, so each plan is checked with `model_peak` and made again under a lower
+    cap when rounding made it optimistic. Minimising the peak (budget None) needs no buckets: for
+    each S it is a shortest path over bytes. Returns (recompute, keep_cut, "dp") or None."""
+    import time
+
+    import numpy as np
+
+    m = len(units.act)
+    a = np.asarray(units.act, dtype=np.float64)
+    f = np.asarray(units.flops, dtype=np.float64)
+    b = np.asarray(units.cut_bytes, dtype=np.float64)
+    cum_a = np.r_[0.0, np.cumsum(a)]
+    cum_f = np.r_[0.0, np.cumsum(f)]
+    sums = cum_a[None, :] - cum_a[:, None]  # sums[k, j + 1]: bytes of units k..j
+    seg_sums = np.unique(sums[sums > 0])
+    deadline = time.monotonic() + time_limit
+
+    def decode(parent, c_of) -> tuple[list[bool], list[bool]]:
+        recompute, keep_cut = [False] * m, [False] * max(m - 1, 0)
+        j, c = m, c_of
+        while j > 0:
+            p = int(parent[j][c])
+            if p < 0:  # unit j - 1 kept
+                c -= qa[j - 1]
+                j -= 1
+                continue
+            for k in range(p, j):
+                recompute[k] = True
+            if p > 0:
+                keep_cut[p - 1] = True
+                c -= qb[p - 1]
+            j = p
+        return recompute, keep_cut
+
+    def min_bytes(bound: float):
+        """Least kept bytes with segments <= bound (exact), ties to fewer FLOPs."""
+        dist = np.full(m + 1, np.inf)
+        cost = np.full(m + 1, np.inf)
+        parent = np.full(m + 1, -2, dtype=np.int64)
+        dist[0] = cost[0] = 0.0
+        for k in range(m):
+            if dist[k] == np.inf:
+                continue
+            if (dist[k] + a[k], cost[k]) < (dist[k + 1], cost[k + 1]):
+                dist[k + 1], cost[k + 1], parent[k + 1] = dist[k] + a[k], cost[k], -1
+            hi = int(np.searchsorted(cum_a, cum_a[k] + bound, side="right")) - 1
+            if hi <= k:
+                continue
+            ends = np.arange(k + 1, hi + 1)
+            d = dist[k] + (b[k - 1] if k > 0 else 0.0)
+            cc = cost[k] + cum_f[ends] - cum_f[k]
+            better = (d < dist[ends]) | ((d == dist[ends]) & (cc < cost[ends]))
+            dist[ends[better]] = d
+            cost[ends[better]] = cc[better]
+            parent[ends[better]] = k
+        return parent
+
+    def cheapest(bound: float, cap: int):
+        """Fewest FLOPs with segments <= bound and kept bytes <= cap buckets."""
+        if cap < 0:
+            return None
+        cost = np.full((m + 1, cap + 1), np.inf)
+        parent = np.full((m + 1, cap + 1), -2, dtype=np.int32)
+        cost[0, 0] = 0.0
+        for k in range(m):
+            row = cost[k]
+            if not np.isfinite(row).any():
+                continue
+            s = qa[k]
+            if s <= cap:
+                target = cost[k + 1, s:]
+                better = row[:cap + 1 - s] < target
+                target[better] = row[:cap + 1 - s][better]
+                parent[k + 1, s:][better] = -1
+            hi = int(np.searchsorted(cum_a, cum_a[k] + bound, side="right")) - 1
+            s = qb[k - 1] if k > 0 else 0
+            if hi <= k or s > cap:
+                continue
+            block = row[None, :cap + 1 - s] + (cum_f[k + 1:hi + 1] - cum_f[k])[:, None]
+            target = cost[k + 1:hi + 1, s:]
+            better = block < target
+            target[better] = block[better]
+            parent[k + 1:hi + 1, s:][better] = k
+        final = cost[m]
+        if not np.isfinite(final).any():
+            return None
+        return decode(parent, int(np.argmin(final)))  # ties: the fewest kept bytes
+
+    def search(evaluate, limit: float) -> tuple | None:
+        """Best plan over segment bounds: 0, then a grid of the segment sums up to `limit`,
+        refined around the best (every sum when there are few)."""
+        best = None
+
+        def consider(bound: float) -> None:
+            nonlocal best
+            plan = evaluate(bound)
+            if plan is not None:
+                key = score(plan)
+                if key is not None and (best is None or key < best[0]):
+                    best = (key, plan, bound)
+
+        consider(0.0)
+        lo, hi = 0, int(np.searchsorted(seg_sums, limit, side="right")) - 1
+        tried = set()
+        for _level in range(4):
+            if hi < lo or time.monotonic() > deadline:
+                break
+            if hi - lo <= 3 * DP_GRID:  # few enough: every one
+                picks = range(lo, hi + 1)
+            else:
+                picks = sorted({lo + (hi - lo) * t // DP_GRID for t in range(DP_GRID + 1)})
+            for i in picks:
+                if i not in tried:
+                    tried.add(i)
+                    consider(float(seg_sums[i]))
+            if hi - lo <= 3 * DP_GRID or best is None:
+                break
+            at = int(np.searchsorted(seg_sums, best[2]))
+            span = -(-(hi - lo) // DP_GRID)  # the grid's spacing, rounded up
+            lo, hi = max(at - span, lo), min(at + span, hi)
+        return best
+
+    if budget is None:
+        qa = [0] * m
+        qb = [0] * max(m - 1, 0)
+
+        def score(plan):
+            r, x = plan
+            return (model_peak(units, base, r, x),
+                    sum(v for v, on in zip(units.flops, r, strict=True) if on))
+
+        def evaluate(bound):
+            return decode(min_bytes(bound)[:, None], 0)
+
+        found = search(evaluate, float(seg_sums[-1]) if len(seg_sums) else 0.0)
+        return None if found is None else (*found[1], "dp")
+
+    headroom = float(budget - base)
+    if headroom <= 0:
+        return None
+    if cum_a[-1] <= headroom:  # everything kept fits: no recompute at all
+        return [False] * m, [False] * max(m - 1, 0), "dp"
+    q = headroom / DP_BUCKETS
+    qa = [int(round(v / q)) for v in units.act]
+    qb = [int(round(v / q)) for v in units.cut_bytes]
+
+    def score(plan):
+        r, x = plan
+        return (sum(v for v, on in zip(units.flops, r, strict=True) if on),
+                model_peak(units, base, r, x))
+
+    def evaluate(bound):
+        """The cheapest plan for this bound; when rounding made it go over the budget,
+        the kept bytes' cap is lowered by the excess and the plan made again."""
+        cap = int(math.floor((headroom - bound) / q + 1e-9))
+        for _ in range(4):
+            plan = cheapest(bound, cap)
+            if plan is None:
+                return None
+            over = model_peak(units, base, *plan) - budget
+            if over <= 0:
+                return plan
+            cap -= max(1, math.ceil(over / q))
+        return None
+
+    found = search(evaluate, headroom)
+    return None if found is None else (*found[1], "dp")
 
 @contextlib.contextmanager
 def _quiet_fds():
