@@ -75,8 +75,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                            options.grappler, keep_timeline=options.keep_timeline,
                            host_device=host)
     nodes_before = len(index)
-    original = ws.graph_def.__class__()
-    original.CopyFrom(ws.graph_def)
+    original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
     budget = solution = None
     if options.policy == "budget":
         budget = parse_budget(options.budget or "", before.peak_bytes)
@@ -86,8 +85,8 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
         # remove most of it, and a base from the original would buy recompute for nothing
         base_peak = early_updates_peak(ws, index, regions, facts, options)
-        ws.graph_def.CopyFrom(original)
-        ws.reindex()
+        ws.graph_def.ParseFromString(original)
+        ws.reindex(appended=False)
     correction = 0  # what the estimate found above the budget model, learned per attempt
     for attempt in range(4):
         if budget is not None:
@@ -109,13 +108,13 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
             break
         # the model was optimistic for this graph: learn by how much, and plan again
         correction += after.peak_bytes - solution.model_peak - correction
-        ws.graph_def.CopyFrom(original)
-        ws.reindex()
+        ws.graph_def.ParseFromString(original)
+        ws.reindex(appended=False)
     if solution is not None and after.peak_bytes > budget:
         # the chain model could not place the plan under the budget: the sqrt(N) memory
         # policy sometimes lands lower; take whichever the estimate says is lower
-        ws.graph_def.CopyFrom(original)
-        ws.reindex()
+        ws.graph_def.ParseFromString(original)
+        ws.reindex(appended=False)
         alt = choose_checkpoints("memory", index, regions, facts, options.batch_size)
         alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
         alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
@@ -128,16 +127,16 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
             choice.policy = "budget"
             choice.note = "the memory policy's plan (lower than the budget model's)"
         else:  # redo the budget plan
-            ws.graph_def.CopyFrom(original)
-            ws.reindex()
+            ws.graph_def.ParseFromString(original)
+            ws.reindex(appended=False)
             plan, swap_plan, early, new_index, new_regions = _apply_passes(
                 ws, index, regions, facts, choice, checkpoints, options)
     if solution is not None:
         choice.note = _budget_note(solution, budget, after.peak_bytes, choice.note)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
-        ws.graph_def.CopyFrom(original)
-        new_index = ws.reindex()
+        ws.graph_def.ParseFromString(original)
+        new_index = ws.reindex(appended=False)
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
                          nodes_before, len(new_index), reverted, early, budget, solution)
@@ -183,11 +182,11 @@ def _apply_passes(ws: Workspace, index, regions, facts, choice, checkpoints, opt
         swap_plan, new_index, new_regions = _swap(ws, new_index, new_regions, kept, options)
     early = None
     if options.early_updates:
-        early = apply_early_updates(new_index, new_regions)
-        if early.edges:
-            new_index = ws.reindex()
-            new_regions = analyze_regions(new_index, options.backward_scopes,
-                                          options.batch_size, ws.collection("losses"))
+        kept = [new_index.id_of[c.name.rsplit(":", 1)[0]] for c in checkpoints
+                if c.name.rsplit(":", 1)[0] in new_index.id_of]
+        # edges from updates to backward ops: the index takes them in place, and the
+        # regions stay as they were (step_nodes, all the estimate reads, is unchanged)
+        early = apply_early_updates(new_index, new_regions, kept)
     return plan, swap_plan, early, new_index, new_regions
 
 

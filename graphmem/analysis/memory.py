@@ -68,13 +68,14 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     if nodes is not None:
         order = [i for i in order if i in nodes]
     host = normalize_device(host_device) if host_device else None
-    run = _simulate(index, order, batch_size, host, keep_timeline)
+    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top))
     live_at_peak: list[LiveTensor] = []
-    if top and order:  # replay up to the peak to name what is live there
-        snapshot = _simulate(index, order, batch_size, host, False, stop_at=run.peak_pos)
-        live_at_peak = sorted((LiveTensor(index.tensor_name(buf), b, index.shape(buf))
-                               for buf, b in snapshot.live_buffers), key=lambda t: -t.bytes)
-        live_at_peak = live_at_peak[:top]
+    if top and order:  # the buffers whose lifetime spans the peak
+        at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
+                   if born <= run.peak_pos <= freed]
+        at_peak.sort()  # largest first, then in the order they were allocated
+        live_at_peak = [LiveTensor(index.tensor_name(buf), -b, index.shape(buf))
+                        for b, _, buf in at_peak[:top]]
     return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
                           index.names[order[run.peak_pos]] if order else "", live_at_peak,
                           run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order))
@@ -88,29 +89,40 @@ class _Run:
     unknown: int = 0
     peak_dev: dict[str, int] = field(default_factory=dict)
     timeline: list[int] = field(default_factory=list)
-    live_buffers: list[tuple[Tensor, int]] = field(default_factory=list)  # at stop_at
+    # (buffer, bytes, position allocated, position freed) of device buffers; a buffer is
+    # live while the op at its freeing position runs, and to the end if never freed
+    lifetimes: list[tuple[Tensor, int, int, int]] = field(default_factory=list)
 
 
 def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
-              keep_timeline: bool, stop_at: int | None = None) -> _Run:
-    """One pass over `order` with reference-counted buffers. Linear in the graph: the live
-    set is only listed at `stop_at`, never at every new peak."""
+              keep_timeline: bool, track_lives: bool = False) -> _Run:
+    """One pass over `order` with reference-counted buffers. Linear in the graph: rather
+    than listing the live set at every new peak, it records each buffer's lifetime
+    (`track_lives`), from which the live set at the final peak is read afterwards."""
     run = _Run()
     member = set(order)
-    device_of = [normalize_device(d) for d in index.devices]
+    normal: dict[str, str] = {}
+    device_of = [normal[d] if d in normal else normal.setdefault(d, normalize_device(d))
+                 for d in index.devices]
+    born: dict[Tensor, int] = {}
     pending: dict[Tensor, int] = {}  # reads still to come, per buffer
     size: dict[Tensor, int] = {}
     buffer_of: dict[Tensor, Tensor] = {}
     live = 0
     live_dev: dict[str, int] = {}
+    ops, data_inputs, consumers = index.ops, index.data_inputs, index.consumers
+    num_outputs = index.num_outputs
     for p, i in enumerate(order):
-        op = index.ops[i]
+        op = ops[i]
         dev = device_of[i]
-        inputs = [t for t in index.data_inputs[i] if t[0] in member]
+        inputs = [t for t in data_inputs[i] if t[0] in member]
         taken: set[Tensor] = set()
-        for k in range(index.num_outputs[i]):
+        for k in range(num_outputs[i]):
             t = (i, k)
-            readers = sum(1 for c in index.consumers.get(t, ()) if c in member)
+            readers = 0
+            for c in consumers.get(t, ()):
+                if c in member:
+                    readers += 1
             src = _aliased_input(op, k, inputs)
             if src is not None and device_of[src[0]] != dev:
                 src = None  # an identity across devices is a copy: it allocates
@@ -134,6 +146,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             buffer_of[t] = t
             size[t] = b
             pending[t] = readers
+            if track_lives and b and dev != host:
+                born[t] = p
             if b:
                 live_dev[dev] = live_dev.get(dev, 0) + b
                 if dev == host:
@@ -146,27 +160,29 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             run.peak, run.peak_pos = live, p
         if live_dev.get(dev, 0) > run.peak_dev.get(dev, 0):
             run.peak_dev[dev] = live_dev[dev]
-        if p == stop_at:
-            run.live_buffers = [(buf, b) for buf, b in size.items()
-                                if b and device_of[buf[0]] != host]
-            return run
         touched = set()
         for t in inputs:  # one read per input slot
             buf = buffer_of.get(t)
             if buf is not None:
                 pending[buf] = pending.get(buf, 0) - 1
                 touched.add(buf)
-        touched.update(buffer_of[(i, k)] for k in range(index.num_outputs[i])
-                       if (i, k) in buffer_of)
+        for k in range(num_outputs[i]):
+            buf = buffer_of.get((i, k))
+            if buf is not None:
+                touched.add(buf)
         for buf in touched:
             if pending.get(buf, 0) <= 0 and buf in size:
                 b = size.pop(buf)
                 pending.pop(buf, None)
+                if buf in born:
+                    run.lifetimes.append((buf, b, born.pop(buf), p))
                 if b:
                     d = device_of[buf[0]]
                     live_dev[d] -= b
                     if d != host:
                         live -= b
+    end = len(order)
+    run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
     return run
 
 

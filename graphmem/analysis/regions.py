@@ -78,7 +78,10 @@ class Regions:
 
 
 def scope_matcher(scopes: tuple[str, ...] | list[str] | None):
-    patterns = [re.compile(s) for s in (scopes or DEFAULT_BACKWARD_SCOPES)]
+    if not scopes:  # the defaults: a substring test first spares most names the regexes
+        patterns = [re.compile(s) for s in DEFAULT_BACKWARD_SCOPES]
+        return lambda name: "gradient" in name and any(p.search(name) for p in patterns)
+    patterns = [re.compile(s) for s in scopes]
     return lambda name: any(p.search(name) for p in patterns)
 
 

@@ -29,18 +29,30 @@ _SMALL_BYTES = 4096
 
 def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                    batch_size: int | None = None) -> list[int]:
-    members = nodes if nodes is not None else set(range(len(index)))
-    indeg: dict[int, int] = {}
-    succ: dict[int, list[int]] = {}
+    n = len(index)
+    member = bytearray(n)  # 1 for ops in the step
+    for i in (nodes if nodes is not None else range(n)):
+        member[i] = 1
+    ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    cheap = bytearray(n)
     for i in index.topo:
-        if i not in members:
+        if not member[i]:
             continue
-        preds = _preds(index, i, members)
-        indeg[i] = len(preds)
-        for s in preds:
-            succ.setdefault(s, []).append(i)
-    cheap = {i: _is_cheap(index, i, batch_size) for i in indeg}
-    tasks: list[int] = [i for i in reversed(index.topo) if indeg.get(i) == 0]
+        loop_back = ops[i] in ("Merge", "RefMerge")
+        count = 0
+        for s, _ in data_inputs[i]:
+            if member[s] and not (loop_back and ops[s] in _BACK_EDGE_SOURCES):
+                succ[s].append(i)
+                count += 1
+        for s in control_inputs[i]:
+            if member[s]:
+                succ[s].append(i)
+                count += 1
+        indeg[i] = count
+        cheap[i] = _is_cheap(index, i, batch_size)
+    tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
     inline: deque[int] = deque()
     order: list[int] = []
     while tasks or inline:
@@ -49,7 +61,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
         i = inline.popleft()
         order.append(i)
         expensive = None
-        for j in succ.get(i, ()):
+        for j in succ[i]:
             indeg[j] -= 1
             if indeg[j]:
                 continue
@@ -64,24 +76,22 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                 tasks.append(expensive)
             else:
                 inline.append(expensive)
-    if len(order) != len(indeg):  # should not happen on an indexed graph; keep every op
+    expected = sum(member)
+    if len(order) != expected:  # should not happen on an indexed graph; keep every op
         seen = set(order)
-        order.extend(i for i in index.topo if i in indeg and i not in seen)
+        order.extend(i for i in index.topo if member[i] and i not in seen)
     return order
 
 
-def _preds(index: GraphIndex, i: int, members: set[int]) -> list[int]:
-    loop_back = index.ops[i] in ("Merge", "RefMerge")
-    preds = [s for s, _ in index.data_inputs[i]
-             if s in members and not (loop_back and index.ops[s] in ("NextIteration",
-                                                                       "RefNextIteration"))]
-    preds += [s for s in index.control_inputs[i] if s in members]
-    return preds
+_BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
 
 
 def _is_cheap(index: GraphIndex, i: int, batch_size: int | None) -> bool:
     if index.ops[i] in CHEAP_OPS:
         return True
+    if index.num_outputs[i] == 1:
+        b = nbytes(index.shape((i, 0)), index.dtype((i, 0)), batch_size)
+        return b is not None and b <= _SMALL_BYTES
     largest = 0
     for k in range(index.num_outputs[i]):
         b = nbytes(index.shape((i, k)), index.dtype((i, k)), batch_size)

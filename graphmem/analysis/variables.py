@@ -19,8 +19,9 @@ class Variable:
 def find_variables(index: GraphIndex) -> list[Variable]:
     """Variable ops of a TF1 graph, or resource arguments of a function that are read as values."""
     out = []
-    for i in range(len(index)):
-        op = index.ops[i]
+    for i, op in enumerate(index.ops):
+        if op not in VARIABLE_OPS and op != "_Arg":
+            continue
         node = index.node(i)
         if op in VARIABLE_OPS:
             shape = [d.size for d in node.attr["shape"].shape.dim] if "shape" in node.attr else None

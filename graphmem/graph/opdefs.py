@@ -81,6 +81,18 @@ class OpRegistry:
             out.extend(types)
         return out
 
+    def output_attr_names(self, op_type: str) -> tuple[str, ...] | None:
+        """The attrs that decide `op_type`'s output dtypes (None without an OpDef)."""
+        op_def = self.op_def(op_type)
+        if op_def is None:
+            return None
+        names: list[str] = []
+        for arg in op_def.output_arg:
+            for attr in (arg.type_attr, arg.number_attr, arg.type_list_attr):
+                if attr and attr not in names:
+                    names.append(attr)
+        return tuple(names)
+
     def output_arg_sizes(self, node: Message) -> list[tuple[str, int]] | None:
         """(output arg name, how many tensors it holds), for FunctionDef name translation."""
         op_def = self.op_def(node.op)

@@ -67,9 +67,13 @@ class Workspace:
             return []
         return list(meta.collection_def[key].node_list.value)
 
-    def reindex(self) -> GraphIndex:
-        """Rebuild the index after a pass; inferred shapes carry over to copies of an op."""
-        self.index = GraphIndex.build(self.graph_def, self.registry)
+    def reindex(self, appended: bool = True) -> GraphIndex:
+        """Rebuild the index after a pass; inferred shapes carry over to copies of an op.
+        `appended`: the pass only added nodes and edited inputs (every graphmem pass), so
+        per-node facts of the nodes already indexed are reused; False after the graph was
+        replaced (undoing a rewrite)."""
+        self.index = GraphIndex.build(self.graph_def, self.registry,
+                                      self.index if appended else None)
         if self.shape_overrides:
             from graphmem.passes.recompute import original_name
 

@@ -7,9 +7,16 @@ update to the backward ops one step further down the chain (the readers of the g
 siblings), so the chain cannot run ahead of the updates.
 
 Only the order changes, never a value: an update gets an edge only when every read of its
-variable is already ordered before it (so no read can see the new value), and an edge is
-only added where it cannot close a cycle. Both facts come from one reverse sweep that marks,
-for every op, which updates depend on it.
+variable is provably ordered before it (so no read can see the new value), and an edge is
+only added where it provably cannot close a cycle. Both are reachability questions between
+an update and a few ops near it. They are answered without per-update sets over the whole
+graph (one bit per update per op grows as nodes x updates: 16 GB at a million nodes):
+
+- an op placed after the update in topological order cannot be its ancestor;
+- the rest is asked of a reachability index (graph/reachability.py): interval labels answer
+  most "no"s, landmarks (the loss, the last forward ops the backward pass reads) the long
+  "yes"es from forward reads, and short searches with a visit budget the rest; past the
+  budget the answer is the safe one (skip the update, or drop the edge).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex
+from graphmem.graph.reachability import Reachability
 
 
 @dataclass
@@ -27,7 +35,11 @@ class EarlyUpdatesPlan:
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
 
 
-def apply_early_updates(index: GraphIndex, regions: Regions) -> EarlyUpdatesPlan:
+def apply_early_updates(index: GraphIndex, regions: Regions,
+                        checkpoints: list[int] = ()) -> EarlyUpdatesPlan:
+    """Add the edges to the graph and to `index` (no re-index needed). `checkpoints`: the
+    forward ops a recompute pass kept, which the rewritten backward pass reads (landmarks
+    for the ordering questions)."""
     plan = EarlyUpdatesPlan()
     backward = regions.backward
     updates = [i for i in sorted(regions.optimizer, key=index.position.__getitem__)
@@ -35,9 +47,10 @@ def apply_early_updates(index: GraphIndex, regions: Regions) -> EarlyUpdatesPlan
                is not None]
     if not updates:
         return plan
-    bit = {a: 1 << n for n, a in enumerate(updates)}
-    feeds = _update_masks(index, bit)  # op -> mask of the updates that depend on it
     step = regions.step_nodes(index)
+    added: list[tuple[int, int]] = []
+    last_kept = sorted(checkpoints, key=index.position.__getitem__)[-4:]
+    reach = Reachability(index, last_kept + _landmarks(index, regions))
     g = index.graph_def
     for a in updates:
         if index.in_loop(a):
@@ -48,32 +61,40 @@ def apply_early_updates(index: GraphIndex, regions: Regions) -> EarlyUpdatesPlan
             _skip(plan, "variable not found")
             continue
         reads = [r for r in _reads_of(index, variable, a) if r in step]
-        if not all(feeds.get(r, 0) & bit[a] for r in reads):
+        ordered = [reach.reaches(r, a) for r in reads]
+        if None in ordered:
+            _skip(plan, "ordering not settled within the search budget")
+            continue
+        if not all(ordered):
             _skip(plan, "a read of the variable is not ordered before the update")
             continue
-        targets = _next_in_chain(index, a, backward)
-        targets = [x for x in targets if not feeds.get(x, 0) & bit[a]]  # no cycle
+        # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
+        # be its ancestor, and inside a loop body the test ignores back edges: skip those
+        targets = [x for x in _next_in_chain(index, a, backward) if not index.in_loop(x)
+                   and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
             _skip(plan, "no backward op after the gradient")
             continue
         for x in targets:
             g.node[x].input.append("^" + index.names[a])
+            added.append((a, x))
         plan.updates += 1
         plan.edges += len(targets)
+    index.add_control_edges(added)
     return plan
 
 
-def _update_masks(index: GraphIndex, bit: dict[int, int]) -> dict[int, int]:
-    mask: dict[int, int] = {}
-    for i in reversed(index.topo):
-        m = bit.get(i, 0)
-        for c in index.data_consumers(i):
-            m |= mask.get(c, 0)
-        for c in index.control_consumers[i]:
-            m |= mask.get(c, 0)
-        if m:
-            mask[i] = m
-    return mask
+def _landmarks(index: GraphIndex, regions: Regions, depth: int = 6,
+               count: int = 4) -> list[int]:
+    """The loss and the forward ops just before it (the cross entropy, the logits): a
+    forward read of a weight reaches its update through them, since the backward pass
+    starts by reading them."""
+    found = [t[0] for t in regions.loss]
+    level = found
+    for _ in range(depth):
+        level = [s for i in level for s, _ in index.data_inputs[i] if s in regions.forward]
+        found += level
+    return list(dict.fromkeys(found))[:count]
 
 
 def _gradient_input(index: GraphIndex, a: int, backward: set[int]) -> int | None:
