@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
-from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
                           "Snapshot", "PreventGradient", "IdentityN", "EnsureShape",
@@ -100,7 +100,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards."""
     run = _Run()
-    member = set(order)
+    member = bytearray(len(index))
+    for i in order:
+        member[i] = 1
     normal: dict[str, str] = {}
     device_of = [normal[d] if d in normal else normal.setdefault(d, normalize_device(d))
                  for d in index.devices]
@@ -112,17 +114,17 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     live_dev: dict[str, int] = {}
     ops, data_inputs, consumers = index.ops, index.data_inputs, index.consumers
     num_outputs = index.num_outputs
+    sizes_of = index.output_bytes(batch_size)
     for p, i in enumerate(order):
         op = ops[i]
         dev = device_of[i]
-        inputs = [t for t in data_inputs[i] if t[0] in member]
+        inputs = [t for t in data_inputs[i] if member[t[0]]]
         taken: set[Tensor] = set()
         for k in range(num_outputs[i]):
             t = (i, k)
             readers = 0
             for c in consumers.get(t, ()):
-                if c in member:
-                    readers += 1
+                readers += member[c]
             src = _aliased_input(op, k, inputs)
             if src is not None and device_of[src[0]] != dev:
                 src = None  # an identity across devices is a copy: it allocates
@@ -131,7 +133,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers
                 continue
-            b = nbytes(index.shape(t), index.dtype(t), batch_size)
+            b = sizes_of(i)[k]
             if b is None:
                 run.unknown += 1
                 b = 0

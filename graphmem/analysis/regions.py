@@ -54,6 +54,7 @@ class Regions:
     other: set[int]
     loss: list[Tensor]
     saved: list[SavedActivation] = field(default_factory=list)
+    _step: tuple[int, set[int]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def saved_bytes(self) -> int:
@@ -65,8 +66,12 @@ class Regions:
 
     def step_nodes(self, index: GraphIndex) -> set[int]:
         """The ops one training step runs: everything the updates and the loss depend on."""
+        if self._step is not None and self._step[0] == id(index):
+            return self._step[1]  # asked by each estimate and pass: walk once per index
         roots = self.backward | self.optimizer | self.state_updates | {t[0] for t in self.loss}
-        return index.ancestors(roots, data_only=False)
+        step = index.ancestors(roots, data_only=False)
+        self._step = (id(index), step)
+        return step
 
     def region_of(self, i: int) -> str:
         for label, members in (("forward", self.forward), ("backward", self.backward),
@@ -99,11 +104,16 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     backward = (set(seeds) | downstream) - after_writes
     optimizer = after_writes - backward
     forward = index.ancestors(backward, data_only=True) - backward - optimizer
-    loss = _find_loss(index, forward, backward, optimizer, loss_names)
-    forward |= index.ancestors([t[0] for t in loss], data_only=True) - backward - optimizer
-    # writes fed by the forward pass outside the optimizer: batch-norm moving averages
     activations = [i for i in forward if not is_parameter_read(index, i)]
-    fed = index.descendants(activations, data_only=True) - forward - backward - optimizer
+    fed_by_forward = index.descendants(activations, data_only=True)
+    loss = _find_loss(index, forward, backward, optimizer, loss_names, fed_by_forward)
+    more = index.ancestors([t[0] for t in loss], data_only=True) - backward - optimizer - forward
+    forward |= more
+    if more:  # the loss's own branch joins the forward pass: walk again from it
+        more_acts = [i for i in more if not is_parameter_read(index, i)]
+        fed_by_forward |= index.descendants(more_acts, data_only=True)
+    # writes fed by the forward pass outside the optimizer: batch-norm moving averages
+    fed = fed_by_forward - forward - backward - optimizer
     writes_fed = [i for i in fed if is_state_write(index.ops[i])]
     state_updates = index.ancestors(writes_fed, data_only=True) & fed
     forward -= state_updates
@@ -136,15 +146,15 @@ _SINK_READERS = frozenset({"_Retval", "ScalarSummary", "HistogramSummary", "Iden
 
 
 def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
-               optimizer: set[int], named: list[str] | None) -> list[Tensor]:
+               optimizer: set[int], named: list[str] | None,
+               fed_by_forward: set[int]) -> list[Tensor]:
     """The loss: a float scalar computed from the forward pass that nothing else reads.
 
     Among several such scalars (metrics, loss terms), the one the backward pass names as the
     start of a gradient (`gradients/<loss>_grad/`) wins, else the last one. Without any, the
     names given (the `losses` collection, which in TF1 lists terms rather than their sum).
     """
-    activations = [i for i in forward if not is_parameter_read(index, i)]
-    after = index.descendants(activations, data_only=True) - backward - optimizer
+    after = fed_by_forward - backward - optimizer
     found = []
     for i in index.topo:
         if i not in after or not index.data_inputs[i]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from graphmem.graph.index import GraphIndex, nbytes
+from graphmem.graph.index import GraphIndex
 
 # Kernels TF marks inexpensive, or that only forward or describe a buffer.
 CHEAP_OPS = frozenset({
@@ -37,6 +37,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     indeg = [0] * n
     succ: list[list[int]] = [[] for _ in range(n)]
     cheap = bytearray(n)
+    sizes_of = index.output_bytes(batch_size)
     for i in index.topo:
         if not member[i]:
             continue
@@ -51,7 +52,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                 succ[s].append(i)
                 count += 1
         indeg[i] = count
-        cheap[i] = _is_cheap(index, i, batch_size)
+        cheap[i] = _is_cheap(ops[i], sizes_of(i))
     tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
     inline: deque[int] = deque()
     order: list[int] = []
@@ -86,16 +87,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
 
 
-def _is_cheap(index: GraphIndex, i: int, batch_size: int | None) -> bool:
-    if index.ops[i] in CHEAP_OPS:
+def _is_cheap(op: str, sizes: list[int | None]) -> bool:
+    if op in CHEAP_OPS:
         return True
-    if index.num_outputs[i] == 1:
-        b = nbytes(index.shape((i, 0)), index.dtype((i, 0)), batch_size)
-        return b is not None and b <= _SMALL_BYTES
-    largest = 0
-    for k in range(index.num_outputs[i]):
-        b = nbytes(index.shape((i, k)), index.dtype((i, k)), batch_size)
-        if b is None:
-            return False
-        largest = max(largest, b)
-    return largest <= _SMALL_BYTES
+    return all(b is not None and b <= _SMALL_BYTES for b in sizes)

@@ -51,6 +51,7 @@ class GraphIndex:
     position: list[int] = field(default_factory=list)
     frame: list[str] = field(default_factory=list)
     _data_succ: list[list[int]] | None = None
+    _bytes: dict[int | None, list] = field(default_factory=dict)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -138,6 +139,9 @@ class GraphIndex:
             idx.out_shapes.extend(previous.out_shapes)
             idx.num_outputs.extend(max(a, b) for a, b in
                                    zip(previous.num_outputs, max_out[:kept], strict=True))
+            if idx.num_outputs == previous.num_outputs:  # same outputs: sizes carry over
+                idx._bytes = {batch: sizes + [None] * (n - kept)
+                              for batch, sizes in previous._bytes.items()}
         signatures = _SignatureCache(registry)
         for i in range(kept, n):
             node = nodes[i]
@@ -303,6 +307,28 @@ class GraphIndex:
             shapes = self.out_shapes[i] = _output_shapes(self.graph_def.node[i])
         return shapes
 
+    def output_bytes(self, batch_size: int | None):
+        """A function i -> bytes of each output of node i (None where unknown), cached per
+        batch size: the schedule and the memory simulation ask for every node, twice per
+        rewrite."""
+        cache = self._bytes.get(batch_size)
+        if cache is None:
+            cache = self._bytes[batch_size] = [None] * len(self.names)
+        shapes_of, out_dtypes, num_outputs = self.shapes_of, self.out_dtypes, self.num_outputs
+
+        def sizes_of(i: int) -> list[int | None]:
+            found = cache[i]
+            if found is None:
+                shapes = shapes_of(i) or ()
+                types = out_dtypes[i] or ()
+                found = cache[i] = [
+                    nbytes(shapes[k] if k < len(shapes) else None,
+                           types[k] if k < len(types) else None, batch_size)
+                    for k in range(num_outputs[i])]
+            return found
+
+        return sizes_of
+
     def outputs(self, i: int) -> list[Tensor]:
         return [(i, k) for k in range(self.num_outputs[i])]
 
@@ -362,6 +388,7 @@ class GraphIndex:
                    types: dict[str, list[int]], override: bool = False) -> None:
         """Fill shapes (and dtypes) found by TensorFlow's shape inference; with `override`,
         also replace shapes the graph carried when the new ones know more."""
+        self._bytes.clear()
         for name, value in shapes.items():
             i = self.id_of.get(name)
             if i is None:
