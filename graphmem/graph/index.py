@@ -102,10 +102,9 @@ class GraphIndex:
         consumers = idx.consumers
         data_inputs = idx.data_inputs
         control_inputs = idx.control_inputs
-        empty: list[int] = []
         for i, node in enumerate(nodes):
             data: list[Tensor] = []
-            ctrl: list[int] = empty
+            ctrl: list[int] = []
             for text in node.input:
                 src = id_of.get(text)  # the common case: output 0, written bare
                 if src is not None:
@@ -117,8 +116,6 @@ class GraphIndex:
                         raise InputError(f"node {node.name!r} reads {text!r}, which is not "
                                          "in the graph")
                     if is_ctrl:
-                        if ctrl is empty:
-                            ctrl = []
                         ctrl.append(src)
                         control_consumers[src].append(i)
                         continue
@@ -132,7 +129,7 @@ class GraphIndex:
                 if k >= max_out[src]:
                     max_out[src] = k + 1
             data_inputs.append(data)
-            control_inputs.append(ctrl if ctrl is not empty else [])
+            control_inputs.append(ctrl)
         if kept:
             idx.stateful.extend(previous.stateful)
             idx.out_dtypes.extend(previous.out_dtypes)
@@ -177,13 +174,14 @@ class GraphIndex:
         n = len(self.names)
         indeg = [0] * n
         succ: list[list[int]] = [[] for _ in range(n)]
+        ops, data_inputs, control_inputs = self.ops, self.data_inputs, self.control_inputs
         for i in range(n):
-            if self.ops[i] in ("Merge", "RefMerge"):
-                preds = [s for s, _ in self.data_inputs[i]
-                         if self.ops[s] not in ("NextIteration", "RefNextIteration")]
+            if ops[i] in ("Merge", "RefMerge"):
+                preds = [s for s, _ in data_inputs[i]
+                         if ops[s] not in ("NextIteration", "RefNextIteration")]
             else:
-                preds = [s for s, _ in self.data_inputs[i]]
-            preds += self.control_inputs[i]
+                preds = [s for s, _ in data_inputs[i]]
+            preds += control_inputs[i]
             for s in preds:
                 succ[s].append(i)
             indeg[i] = len(preds)
@@ -200,9 +198,10 @@ class GraphIndex:
             stuck = next(self.names[i] for i in range(n) if indeg[i] > 0)
             raise InputError(f"the graph has a cycle outside any loop (through {stuck!r})")
         self.topo = order
-        self.position = [0] * n
+        position = [0] * n
         for pos, i in enumerate(order):
-            self.position[i] = pos
+            position[i] = pos
+        self.position = position
 
     def _condense_loops(self) -> None:
         """Reorder so that every v1 loop (its outermost frame, Exits included) is one block.

@@ -28,24 +28,24 @@ _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
 
 
 class Reachability:
-    def __init__(self, index: GraphIndex, landmarks: list[int] = (), traversals: int = 2
+    def __init__(self, index: GraphIndex, landmarks: list[int] = (), traversals: int = 1
                  ) -> None:
         self.index = index
         n = len(index)
         succ: list[list[int]] = [[] for _ in range(n)]
-        ops = index.ops
+        preds: list[list[int]] = []
+        ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
         for i in range(n):
-            merge = ops[i] in ("Merge", "RefMerge")
-            for s, _ in index.data_inputs[i]:
-                if not (merge and ops[s] in _BACK_EDGE_SOURCES):
-                    succ[s].append(i)
-            for s in index.control_inputs[i]:
+            if ops[i] in ("Merge", "RefMerge"):
+                p = [s for s, _ in data_inputs[i] if ops[s] not in _BACK_EDGE_SOURCES]
+            else:
+                p = [s for s, _ in data_inputs[i]]
+            p += control_inputs[i]
+            preds.append(p)
+            for s in p:
                 succ[s].append(i)
         self.succ = succ
-        self.preds: list[list[int]] = [[] for _ in range(n)]
-        for s, targets in enumerate(succ):
-            for t in targets:
-                self.preds[t].append(s)
+        self.preds = preds
         self.allowance = 20 * n + 100_000
         bits = {m: 1 << b for b, m in enumerate(list(dict.fromkeys(landmarks))[:MAX_LANDMARKS])}
         # per op, a bitmask: which landmarks it reaches, and which reach it (one sweep each
