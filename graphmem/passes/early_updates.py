@@ -49,8 +49,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         return plan
     step = regions.step_nodes(index)
     added: list[tuple[int, int]] = []
-    last_kept = sorted(checkpoints, key=index.position.__getitem__)[-4:]
-    reach = Reachability(index, last_kept + _landmarks(index, regions))
+    reach = Reachability(index, _landmarks(index, regions, checkpoints))
     g = index.graph_def
     for a in updates:
         if index.in_loop(a):
@@ -84,17 +83,19 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     return plan
 
 
-def _landmarks(index: GraphIndex, regions: Regions, depth: int = 6,
-               count: int = 4) -> list[int]:
-    """The loss and the forward ops just before it (the cross entropy, the logits): a
-    forward read of a weight reaches its update through them, since the backward pass
-    starts by reading them."""
-    found = [t[0] for t in regions.loss]
-    level = found
-    for _ in range(depth):
-        level = [s for i in level for s, _ in index.data_inputs[i] if s in regions.forward]
-        found += level
-    return list(dict.fromkeys(found))[:count]
+def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> list[int]:
+    """Ops that forward reads of weights reach and that reach the updates: the last
+    checkpoints a recompute pass kept (the rewritten backward pass starts from them), the
+    last forward ops on the loss's path that the backward pass reads (the cross entropy, the
+    logits), and the loss with its inputs. Eight at most (Reachability's limit)."""
+    position = index.position.__getitem__
+    loss_nodes = [t[0] for t in regions.loss]
+    on_loss_path = index.ancestors(loss_nodes, data_only=True) if loss_nodes else set()
+    read = sorted({s.tensor[0] for s in regions.saved if s.tensor[0] in on_loss_path},
+                  key=position)
+    near_loss = loss_nodes + [s for i in loss_nodes for s, _ in index.data_inputs[i]]
+    found = sorted(checkpoints, key=position)[-3:] + read[-3:] + near_loss
+    return list(dict.fromkeys(found))[:8]
 
 
 def _gradient_input(index: GraphIndex, a: int, backward: set[int]) -> int | None:
