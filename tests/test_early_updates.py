@@ -42,3 +42,29 @@ def test_update_racing_an_unordered_read_is_left_alone():
     plan = apply_early_updates(ix, analyze_regions(ix))
     assert plan.edges == 0
     assert plan.skipped == {"a read of the variable is not ordered before the update": 6}
+
+
+def test_edges_that_close_a_cycle_only_together_are_dropped():
+    from graphmem.passes.early_updates import _closing_cycles
+    from tests.graphbuilder import G
+
+    # each edge a -> x alone is safe; a1 -> x1 -> g2 -> a2 -> x2 -> g1 -> a1 is a cycle
+    g = G()
+    g.op("x1", "Relu")
+    g.op("x2", "Relu")
+    g.op("g1", "Relu", "x2")
+    g.op("g2", "Relu", "x1")
+    g.op("a1", "Relu", "g1")
+    g.op("a2", "Relu", "g2")
+    g.op("free", "Relu")
+    g.op("a3", "Relu", "free")
+    ix = g.index()
+    n = ix.id_of
+    assert _closing_cycles(ix, {n["a1"]: [n["x1"]]}) == []
+    assert _closing_cycles(ix, {n["a2"]: [n["x2"]]}) == []
+    both = {n["a1"]: [n["x1"]], n["a2"]: [n["x2"]], n["a3"]: [n["x1"]]}
+    dropped = _closing_cycles(ix, both)
+    assert n["a1"] in dropped and n["a2"] in dropped
+    # what is left after dropping them is acyclic: a3 -> x1 alone
+    rest = {a: xs for a, xs in both.items() if a not in dropped}
+    assert _closing_cycles(ix, rest) == []

@@ -48,9 +48,8 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     if not updates:
         return plan
     step = regions.step_nodes(index)
-    added: list[tuple[int, int]] = []
+    chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
     reach = Reachability(index, _landmarks(index, regions, checkpoints))
-    g = index.graph_def
     for a in updates:
         if index.in_loop(a):
             _skip(plan, "inside a loop")
@@ -74,13 +73,53 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         if not targets:
             _skip(plan, "no backward op after the gradient")
             continue
-        for x in targets:
-            g.node[x].input.append("^" + index.names[a])
-            added.append((a, x))
-        plan.updates += 1
-        plan.edges += len(targets)
+        chosen[a] = targets
+    for a in _closing_cycles(index, chosen):
+        del chosen[a]
+        _skip(plan, "its edges would close a cycle with another update's")
+    added = [(a, x) for a, targets in chosen.items() for x in targets]
+    for a, x in added:
+        index.graph_def.node[x].input.append("^" + index.names[a])
     index.add_control_edges(added)
+    plan.updates = len(chosen)
+    plan.edges = len(added)
     return plan
+
+
+def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int]:
+    """Updates whose edges, each safe alone, may close a cycle together with the others'
+    (a1 -> x1 -> ... -> a2 -> x2 -> ... -> a1). Edges that run along the topological order
+    cannot; otherwise one Kahn pass over the graph with every chosen edge finds the ops
+    left waiting, and the updates with an edge into them are dropped: every cycle runs
+    through such an edge, and the graph without them is acyclic."""
+    position = index.position
+    if all(position[a] < position[x] for a, xs in chosen.items() for x in xs):
+        return []
+    n = len(index)
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        if index.ops[i] in ("Merge", "RefMerge"):
+            preds = [s for s, _ in index.data_inputs[i]
+                     if index.ops[s] not in ("NextIteration", "RefNextIteration")]
+        else:
+            preds = [s for s, _ in index.data_inputs[i]]
+        preds += index.control_inputs[i]
+        for s in preds:
+            succ[s].append(i)
+        indeg[i] = len(preds)
+    for a, xs in chosen.items():
+        for x in xs:
+            succ[a].append(x)
+            indeg[x] += 1
+    stack = [i for i in range(n) if indeg[i] == 0]
+    while stack:
+        i = stack.pop()
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                stack.append(j)
+    return [a for a, xs in chosen.items() if any(indeg[x] > 0 for x in xs)]
 
 
 def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> list[int]:
