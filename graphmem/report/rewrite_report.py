@@ -52,6 +52,14 @@ def _estimate_doc(est, swapping: bool) -> dict:
     return doc
 
 
+SHOWN_ROWS = 20  # rows per table in the terminal; --json has them all
+
+
+def _more(console: Console, count: int, what: str) -> None:
+    if count > SHOWN_ROWS:
+        console.print(f"... and {count - SHOWN_ROWS} more {what} (see --json)")
+
+
 def render_rewrite(result: RewriteResult, output: str, console: Console) -> None:
     plan, choice = result.plan, result.choice
     console.print(f"[bold]{result.model.path}[/] -> [bold]{output}[/]")
@@ -62,10 +70,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     t.add_column("tensor")
     t.add_column("shape")
     t.add_column("bytes", justify="right")
-    for c in result.checkpoints:
+    for c in result.checkpoints[:SHOWN_ROWS]:
         t.add_row(c.name, format_shape(c.shape), format_bytes(c.bytes))
     if result.checkpoints:
         console.print(t)
+        _more(console, len(result.checkpoints), "checkpoints")
     s = Table(title=f"recompute: {plan.copied_ops} ops copied in {len(plan.segments)} segments, "
                     f"{plan.rewired_inputs} backward inputs rewired", title_justify="left")
     s.add_column("segment", justify="right")
@@ -73,12 +82,13 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     s.add_column("recomputed", justify="right")
     s.add_column("copied ops", justify="right")
     s.add_column("held back by")
-    for seg in plan.segments:
+    for seg in plan.segments[:SHOWN_ROWS]:
         trig = ", ".join(seg.triggers[:2]) + (" ..." if len(seg.triggers) > 2 else "")
         s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
                   str(seg.copied_ops), trig or "[red]nothing[/]")
     if plan.segments:
         console.print(s)
+        _more(console, len(plan.segments), "segments")
     for why, count in plan.kept_blocked.items():
         console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
     if plan.not_held_back:
@@ -117,13 +127,12 @@ def _render_swap(result: RewriteResult, console: Console) -> None:
     t.add_column("swap-in")
     t.add_column("trigger")
     t.add_column("ahead", justify="right")
-    for p in swap.pairs[:30]:
+    for p in swap.pairs[:SHOWN_ROWS]:
         t.add_row(p.tensor, format_bytes(p.bytes), p.swap_in.rsplit("/", 1)[-1],
                   p.trigger or "[red]none[/]", f"{p.distance} ({p.how})" if p.distance else "-")
     if swap.pairs:
         console.print(t)
-    if len(swap.pairs) > 30:
-        console.print(f"... and {len(swap.pairs) - 30} more pairs (see --json)")
+        _more(console, len(swap.pairs), "swap pairs")
     for why, count in swap.skipped.items():
         console.print(f"[yellow]not swapped[/]: {count} tensors, {why}")
     console.print(f"host memory: peak {format_bytes(result.after.host_peak_bytes)} "
