@@ -11,6 +11,7 @@ from pathlib import Path
 from graphmem.analysis.activations import analyze_forward
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
+from graphmem.background import Background
 from graphmem.estimate import estimate_step
 from graphmem.formats import LoadedModel, load_model, save_model
 from graphmem.graph import dtypes
@@ -71,15 +72,22 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                                   ws.collection("losses"))
     facts = analyze_forward(index, regions)
     host = options.swap.host if options.swap else None
-    before = estimate_step(ws, regions, options.batch_size, options.backward_scopes,
-                           options.grappler, keep_timeline=options.keep_timeline,
-                           host_device=host)
+
+    def estimate_original() -> MemoryEstimate:
+        return estimate_step(ws, regions, options.batch_size, options.backward_scopes,
+                             options.grappler, keep_timeline=options.keep_timeline,
+                             host_device=host)
+
+    # The estimate of the original graph waits for nothing the passes do: a forked child
+    # computes it while they run (the budget policy needs it first; Grappler imports TF)
+    aside = options.policy != "budget" and not options.grappler
+    before_job = Background(estimate_original, len(index), force=None if aside else False)
     nodes_before = len(index)
     original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
-    budget = solution = None
+    budget = solution = base_peak = None
     if options.policy == "budget":
-        budget = parse_budget(options.budget or "", before.peak_bytes)
-    base_peak = before.peak_bytes
+        base_peak = before_job.result().peak_bytes
+        budget = parse_budget(options.budget or "", base_peak)
     if budget is not None and options.early_updates and options.swap is None:
         # the budget model's base is the peak without recompute *after* early updates: on
         # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
@@ -133,6 +141,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                 ws, index, regions, facts, choice, checkpoints, options)
     if solution is not None:
         choice.note = _budget_note(solution, budget, after.peak_bytes, choice.note)
+    before = before_job.result() or _estimate_bytes(ws, original, options, host)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
         ws.graph_def.ParseFromString(original)
@@ -140,6 +149,21 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
                          nodes_before, len(new_index), reverted, early, budget, solution)
+
+
+def _estimate_bytes(ws: Workspace, graph: bytes, options: RewriteOptions,
+                    host: str | None) -> MemoryEstimate:
+    """Estimate the graph serialized in `graph` without touching the workspace (when the
+    child estimating the original failed)."""
+    graph_def = type(ws.graph_def)()
+    graph_def.ParseFromString(graph)
+    other = replace(ws, graph_def=graph_def, view=None)
+    index = other.reindex(appended=False)
+    regions = analyze_regions(index, options.backward_scopes, options.batch_size,
+                              ws.collection("losses"))
+    return estimate_step(other, regions, options.batch_size, options.backward_scopes,
+                         options.grappler, keep_timeline=options.keep_timeline,
+                         host_device=host)
 
 
 def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOptions) -> int:

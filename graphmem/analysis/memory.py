@@ -119,27 +119,30 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         op = ops[i]
         dev = device_of[i]
         inputs = [t for t in data_inputs[i] if member[t[0]]]
+        aliasing = op in ALIASING_OPS and bool(inputs)
+        persistent = op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i))
+        forwarding = op in FORWARDING_OPS
+        sizes = sizes_of(i)
         taken: set[Tensor] = set()
         for k in range(num_outputs[i]):
             t = (i, k)
             readers = 0
             for c in consumers.get(t, ()):
                 readers += member[c]
-            src = _aliased_input(op, k, inputs)
-            if src is not None and device_of[src[0]] != dev:
-                src = None  # an identity across devices is a copy: it allocates
-            if src is not None and src in buffer_of:
-                buf = buffer_of[src]
+            src = _aliased_input(op, k, inputs) if aliasing else None
+            if src is not None and device_of[src[0]] == dev and src in buffer_of:
+                buf = buffer_of[src]  # an identity across devices is a copy: it allocates
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers
                 continue
-            b = sizes_of(i)[k]
+            b = sizes[k]
             if b is None:
                 run.unknown += 1
                 b = 0
-            if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)):
+            if persistent:
                 b = 0
-            donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken) if b else None
+            donor = _forwardable(inputs, buffer_of, pending, size, b, taken) \
+                if b and forwarding else None
             if donor is not None:  # TF reuses an input buffer that this op reads last
                 taken.add(donor)
                 buffer_of[t] = donor
@@ -166,16 +169,16 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         for t in inputs:  # one read per input slot
             buf = buffer_of.get(t)
             if buf is not None:
-                pending[buf] = pending.get(buf, 0) - 1
+                pending[buf] = pending.get(buf, 0) - 1  # absent once freed
                 touched.add(buf)
         for k in range(num_outputs[i]):
             buf = buffer_of.get((i, k))
             if buf is not None:
                 touched.add(buf)
         for buf in touched:
-            if pending.get(buf, 0) <= 0 and buf in size:
+            if buf in size and pending[buf] <= 0:
                 b = size.pop(buf)
-                pending.pop(buf, None)
+                pending.pop(buf)
                 if buf in born:
                     run.lifetimes.append((buf, b, born.pop(buf), p))
                 if b:
@@ -196,11 +199,9 @@ def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
     return inputs[0] if k == 0 else None
 
 
-def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
+def _forwardable(inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
     """An input buffer of the same size read for the last time here, which TF's element-wise
-    kernels take over as their output instead of allocating."""
-    if op not in FORWARDING_OPS:
-        return None
+    kernels (FORWARDING_OPS) take over as their output instead of allocating."""
     for t in inputs:
         buf = buffer_of.get(t)
         if buf is None or buf in taken or size.get(buf) != nbytes_out:

@@ -126,13 +126,14 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
 def saved_activations(index: GraphIndex, regions: Regions,
                       batch_size: int | None) -> list[SavedActivation]:
     out = []
-    backward = regions.backward
-    for i in sorted(regions.forward, key=lambda j: index.position[j]):
-        if is_parameter_read(index, i):
+    backward, forward = regions.backward, regions.forward
+    consumers, ops = index.consumers, index.ops
+    for i in index.topo:
+        if i not in forward or is_parameter_read(index, i):
             continue
         for k in range(index.num_outputs[i]):
-            readers = [c for c in index.consumers.get((i, k), ())
-                       if c in backward and index.ops[c] not in SHAPE_ONLY_OPS]
+            readers = [c for c in consumers.get((i, k), ())
+                       if c in backward and ops[c] not in SHAPE_ONLY_OPS]
             if not readers:
                 continue
             shape, dtype = index.shape((i, k)), index.dtype((i, k))

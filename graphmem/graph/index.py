@@ -332,8 +332,11 @@ class GraphIndex:
         return [(i, k) for k in range(self.num_outputs[i])]
 
     def data_consumers(self, i: int) -> list[int]:
-        """Readers of any output of node i (a reader of two outputs appears twice). Built
-        for all nodes on first use: walks call this once per node visited."""
+        """Readers of any output of node i (a reader of two outputs appears twice)."""
+        return self._successors()[i]
+
+    def _successors(self) -> list[list[int]]:
+        """Data readers of every node, built on first use: walks ask for every node."""
         if self._data_succ is None:
             succ: list[list[int]] = [[] for _ in range(len(self.names))]
             several: set[int] = set()
@@ -345,36 +348,44 @@ class GraphIndex:
                 succ[src] = [c for k in range(self.num_outputs[src])
                              for c in self.consumers.get((src, k), ())]
             self._data_succ = succ
-        return self._data_succ[i]
+        return self._data_succ
 
     def ancestors(self, seeds, data_only: bool = False) -> set[int]:
         """The seeds and every op they depend on (through data, and control unless data_only)."""
         seen = set(seeds)
-        queue = deque(seen)
-        while queue:
-            i = queue.popleft()
-            prev = [s for s, _ in self.data_inputs[i]]
-            if not data_only:
-                prev += self.control_inputs[i]
-            for j in prev:
+        stack = list(seen)
+        data_inputs, control_inputs = self.data_inputs, self.control_inputs
+        add, push, pop = seen.add, stack.append, stack.pop
+        while stack:
+            i = pop()
+            for j, _ in data_inputs[i]:
                 if j not in seen:
-                    seen.add(j)
-                    queue.append(j)
+                    add(j)
+                    push(j)
+            if not data_only:
+                for j in control_inputs[i]:
+                    if j not in seen:
+                        add(j)
+                        push(j)
         return seen
 
     def descendants(self, seeds, data_only: bool = False) -> set[int]:
         """The seeds and every op that depends on them."""
         seen = set(seeds)
-        queue = deque(seen)
-        while queue:
-            i = queue.popleft()
-            nxt = self.data_consumers(i)
-            if not data_only:
-                nxt = nxt + self.control_consumers[i]
-            for j in nxt:
+        stack = list(seen)
+        data_succ, control_consumers = self._successors(), self.control_consumers
+        add, push, pop = seen.add, stack.append, stack.pop
+        while stack:
+            i = pop()
+            for j in data_succ[i]:
                 if j not in seen:
-                    seen.add(j)
-                    queue.append(j)
+                    add(j)
+                    push(j)
+            if not data_only:
+                for j in control_consumers[i]:
+                    if j not in seen:
+                        add(j)
+                        push(j)
         return seen
 
     def is_control_flow(self, i: int) -> bool:
