@@ -51,6 +51,9 @@ class GraphIndex:
     position: list[int] = field(default_factory=list)
     frame: list[str] = field(default_factory=list)
     _data_succ: list[list[int]] | None = None
+    # parsed `_output_shapes` by their serialized form: big graphs repeat a few shapes, and
+    # one C call to serialize beats walking the dims in Python (lists shared, never mutated)
+    _shape_cache: dict[bytes, list] = field(default_factory=dict)
     _bytes: dict[int | None, list] = field(default_factory=dict)
 
     # ---- construction -------------------------------------------------------------------
@@ -80,6 +83,8 @@ class GraphIndex:
             if any(nodes[i].name != previous.names[i] for i in (0, kept // 2, kept - 1)
                    if kept):
                 kept = 0  # not an appended-to graph after all: index from scratch
+        if previous is not None:
+            idx._shape_cache = previous._shape_cache
         if kept:
             names.extend(previous.names)
             ops.extend(previous.ops)
@@ -303,7 +308,12 @@ class GraphIndex:
         most nodes of a big graph are never asked)."""
         shapes = self.out_shapes[i]
         if shapes is _UNPARSED:
-            shapes = self.out_shapes[i] = _output_shapes(self.graph_def.node[i])
+            attrs = self.graph_def.node[i].attr
+            key = attrs["_output_shapes"].SerializeToString()
+            shapes = self._shape_cache.get(key)
+            if shapes is None:
+                shapes = self._shape_cache[key] = _output_shapes(self.graph_def.node[i])
+            self.out_shapes[i] = shapes
         return shapes
 
     def output_bytes(self, batch_size: int | None):
@@ -314,16 +324,24 @@ class GraphIndex:
         if cache is None:
             cache = self._bytes[batch_size] = [None] * len(self.names)
         shapes_of, out_dtypes, num_outputs = self.shapes_of, self.out_dtypes, self.num_outputs
+        # shape and dtype lists are shared between nodes of the same signature (see
+        # _shape_cache, _SignatureCache): so are their sizes
+        # (the entry holds the lists it was computed from, so their ids stay theirs)
+        by_signature: dict[tuple[int, int, int], tuple] = {}
 
         def sizes_of(i: int) -> list[int | None]:
             found = cache[i]
             if found is None:
                 shapes = shapes_of(i) or ()
                 types = out_dtypes[i] or ()
-                found = cache[i] = [
-                    nbytes(shapes[k] if k < len(shapes) else None,
-                           types[k] if k < len(types) else None, batch_size)
-                    for k in range(num_outputs[i])]
+                key = (id(shapes), id(types), num_outputs[i])
+                entry = by_signature.get(key)
+                if entry is None:
+                    entry = by_signature[key] = (shapes, types, [
+                        nbytes(shapes[k] if k < len(shapes) else None,
+                               types[k] if k < len(types) else None, batch_size)
+                        for k in range(num_outputs[i])])
+                found = cache[i] = entry[2]
             return found
 
         return sizes_of
