@@ -9,6 +9,7 @@ are persistent and reported apart from the step's peak.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from graphmem.analysis.schedule import executor_order
@@ -98,42 +99,56 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
               keep_timeline: bool, track_lives: bool = False) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
-    (`track_lives`), from which the live set at the final peak is read afterwards."""
+    (`track_lives`), from which the live set at the final peak is read afterwards.
+
+    Tensors are numbered (`first[i] + k` for output k of node i) so that the per-buffer
+    state lives in flat lists: dicts keyed by (node, output) tuples cost twice as much on
+    100k-node graphs. A buffer is named by the tensor that allocated it."""
     run = _Run()
-    member = bytearray(len(index))
+    n = len(index)
+    member = bytearray(n)
     for i in order:
         member[i] = 1
     normal: dict[str, str] = {}
     device_of = [normal[d] if d in normal else normal.setdefault(d, normalize_device(d))
                  for d in index.devices]
-    born: dict[Tensor, int] = {}
-    pending: dict[Tensor, int] = {}  # reads still to come, per buffer
-    size: dict[Tensor, int] = {}
-    buffer_of: dict[Tensor, Tensor] = {}
+    ops, data_inputs, num_outputs = index.ops, index.data_inputs, index.num_outputs
+    first = [0] * n
+    total = 0
+    for i in range(n):
+        first[i] = total
+        total += num_outputs[i]
+    readers = [0] * total  # reads each tensor gets from ops in the step
+    for (src, k), found in index.consumers.items():
+        if member[src]:
+            count = 0
+            for c in found:
+                count += member[c]
+            readers[first[src] + k] = count
+    buffer_of = [-1] * total  # tensor -> the buffer holding it (-1: not produced yet)
+    pending = [0] * total  # per buffer: reads still to come
+    size = [-1] * total  # per buffer: bytes while live, -1 when not live
+    born: dict[int, int] = {}  # buffer -> position allocated (track_lives)
     live = 0
     live_dev: dict[str, int] = {}
-    ops, data_inputs, consumers = index.ops, index.data_inputs, index.consumers
-    num_outputs = index.num_outputs
     sizes_of = index.output_bytes(batch_size)
     for p, i in enumerate(order):
         op = ops[i]
         dev = device_of[i]
-        inputs = [t for t in data_inputs[i] if member[t[0]]]
+        inputs = [first[s] + k for s, k in data_inputs[i] if member[s]]
         aliasing = op in ALIASING_OPS and bool(inputs)
         persistent = op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i))
         forwarding = op in FORWARDING_OPS
         sizes = sizes_of(i)
-        taken: set[Tensor] = set()
+        base = first[i]
+        taken: set[int] = set()
         for k in range(num_outputs[i]):
-            t = (i, k)
-            readers = 0
-            for c in consumers.get(t, ()):
-                readers += member[c]
-            src = _aliased_input(op, k, inputs) if aliasing else None
-            if src is not None and device_of[src[0]] == dev and src in buffer_of:
+            t = base + k
+            src = _aliased_input(op, k, inputs) if aliasing else -1
+            if src >= 0 and buffer_of[src] >= 0 and device_of[_node_of(first, src)] == dev:
                 buf = buffer_of[src]  # an identity across devices is a copy: it allocates
                 buffer_of[t] = buf
-                pending[buf] = pending.get(buf, 0) + readers
+                pending[buf] += readers[t]
                 continue
             b = sizes[k]
             if b is None:
@@ -142,15 +157,15 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             if persistent:
                 b = 0
             donor = _forwardable(inputs, buffer_of, pending, size, b, taken) \
-                if b and forwarding else None
-            if donor is not None:  # TF reuses an input buffer that this op reads last
+                if b and forwarding else -1
+            if donor >= 0:  # TF reuses an input buffer that this op reads last
                 taken.add(donor)
                 buffer_of[t] = donor
-                pending[donor] = pending.get(donor, 0) + readers
+                pending[donor] += readers[t]
                 continue
             buffer_of[t] = t
             size[t] = b
-            pending[t] = readers
+            pending[t] = readers[t]
             if track_lives and b and dev != host:
                 born[t] = p
             if b:
@@ -167,49 +182,60 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             run.peak_dev[dev] = live_dev[dev]
         touched = set()
         for t in inputs:  # one read per input slot
-            buf = buffer_of.get(t)
-            if buf is not None:
-                pending[buf] = pending.get(buf, 0) - 1  # absent once freed
+            buf = buffer_of[t]
+            if buf >= 0:
+                pending[buf] -= 1
                 touched.add(buf)
-        for k in range(num_outputs[i]):
-            buf = buffer_of.get((i, k))
-            if buf is not None:
+        for t in range(base, base + num_outputs[i]):
+            buf = buffer_of[t]
+            if buf >= 0:
                 touched.add(buf)
         for buf in touched:
-            if buf in size and pending[buf] <= 0:
-                b = size.pop(buf)
-                pending.pop(buf)
+            b = size[buf]
+            if b >= 0 and pending[buf] <= 0:
+                size[buf] = -1
+                pending[buf] = 0
                 if buf in born:
-                    run.lifetimes.append((buf, b, born.pop(buf), p))
+                    run.lifetimes.append((_tensor_of(first, buf), b, born.pop(buf), p))
                 if b:
-                    d = device_of[buf[0]]
+                    d = device_of[_node_of(first, buf)]
                     live_dev[d] -= b
                     if d != host:
                         live -= b
     end = len(order)
-    run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
+    run.lifetimes.extend((_tensor_of(first, buf), size[buf], p, end) for buf, p in born.items())
     return run
 
 
-def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
-    if op not in ALIASING_OPS or not inputs:
-        return None
+def _node_of(first: list[int], t: int) -> int:
+    """The node whose outputs include tensor number t (the last node starting at or before
+    it: nodes without outputs share their successor's start)."""
+    return bisect_right(first, t) - 1
+
+
+def _tensor_of(first: list[int], t: int) -> Tensor:
+    i = _node_of(first, t)
+    return (i, t - first[i])
+
+
+def _aliased_input(op: str, k: int, inputs: list[int]) -> int:
     if op == "IdentityN":
-        return inputs[k] if k < len(inputs) else None
-    return inputs[0] if k == 0 else None
+        return inputs[k] if k < len(inputs) else -1
+    return inputs[0] if k == 0 else -1
 
 
-def _forwardable(inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
+def _forwardable(inputs: list[int], buffer_of: list[int], pending: list[int], size: list[int],
+                 nbytes_out: int, taken: set[int]) -> int:
     """An input buffer of the same size read for the last time here, which TF's element-wise
-    kernels (FORWARDING_OPS) take over as their output instead of allocating."""
+    kernels (FORWARDING_OPS) take over as their output instead of allocating (-1: none)."""
     for t in inputs:
-        buf = buffer_of.get(t)
-        if buf is None or buf in taken or size.get(buf) != nbytes_out:
+        buf = buffer_of[t]
+        if buf < 0 or buf in taken or size[buf] != nbytes_out:
             continue
-        reads_here = sum(1 for u in inputs if buffer_of.get(u) == buf)
-        if pending.get(buf, 0) == reads_here:
+        reads_here = sum(1 for u in inputs if buffer_of[u] == buf)
+        if pending[buf] == reads_here:
             return buf
-    return None
+    return -1
 
 
 def _reads_variable(index: GraphIndex, i: int) -> bool:
