@@ -52,7 +52,14 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                 succ[s].append(i)
                 count += 1
         indeg[i] = count
-        cheap[i] = _is_cheap(ops[i], sizes_of(i))
+        if ops[i] in CHEAP_OPS:
+            cheap[i] = 1
+        else:
+            cheap[i] = 1
+            for b in sizes_of(i):
+                if b is None or b > _SMALL_BYTES:
+                    cheap[i] = 0
+                    break
     tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
     inline: deque[int] = deque()
     order: list[int] = []
@@ -85,9 +92,3 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
-
-
-def _is_cheap(op: str, sizes: list[int | None]) -> bool:
-    if op in CHEAP_OPS:
-        return True
-    return all(b is not None and b <= _SMALL_BYTES for b in sizes)
