@@ -1,8 +1,10 @@
 """`graphmem plan`: the trade-off between peak memory and extra compute for one model.
 
 Points of the curve come from the budget model (no rewrite per point, so it is quick on big
-graphs); the `memory` and `speed` policies are placed on it by rewriting and estimating, with
-their extra compute counted from the ops they copy.
+graphs), except its bottom: the lowest plan is rewritten and estimated, since the model is
+optimistic there, and model points below it or beaten by it are dropped. The `memory` and
+`speed` policies are placed on the curve the same way, with their extra compute counted from
+the ops they copy.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Tradeoff:
     original_peak_bytes: int
     forward_flops: int
     early_updates_peak_bytes: int  # no recompute, early updates only: the curve's top
+    smallest_peak_bytes: int = 0  # estimated peak of the lowest plan found (the bottom)
     points: list[TradeoffPoint] = field(default_factory=list)
     policies: list[TradeoffPoint] = field(default_factory=list)
 
@@ -60,19 +63,40 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     total = sum(units.flops) or 1
     result = Tradeoff(original, total, no_recompute)
     low = solve_budget(units, base, 0).min_peak
+    # the model is optimistic at the bottom: rewrite for its lowest peak and estimate what
+    # that plan really reaches, so the curve never offers a budget no rewrite can meet
+    ws_low = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
+    lowest = rewrite_workspace(ws_low, RewriteOptions("budget", [], batch_size, budget=str(low),
+                                                      keep_worse=True))
+    result.smallest_peak_bytes = min(lowest.after.peak_bytes, no_recompute)
+    points = [TradeoffPoint("lowest plan", lowest.after.peak_bytes,
+                            _copied_flops(ws_low.index, batch_size) / total, "estimate")]
     for k in range(steps):
         budget = int(low + (original - low) * k / max(steps - 1, 1))
         sol = solve_budget(units, base, budget)
-        if sol.feasible:
-            result.points.append(TradeoffPoint(f"budget {budget / original:.2f}",
-                                               sol.model_peak, sol.extra_flops / total,
-                                               "model"))
+        if sol.feasible and sol.model_peak >= lowest.after.peak_bytes:  # else unreachable
+            points.append(TradeoffPoint(f"budget {budget / original:.2f}", sol.model_peak,
+                                        sol.extra_flops / total, "model"))
+    result.points = _pareto(points)
     for policy in ("memory", "speed"):
         ws_p = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
         res = rewrite_workspace(ws_p, RewriteOptions(policy, [], batch_size, keep_worse=True))
-        new = ws_p.index
-        extra = sum(op_flops(new, i, batch_size) for i in range(len(new))
-                    if new.names[i].startswith(COPY_SCOPE + "/"))
-        result.policies.append(TradeoffPoint(policy, res.after.peak_bytes, extra / total,
+        result.policies.append(TradeoffPoint(policy, res.after.peak_bytes,
+                                             _copied_flops(ws_p.index, batch_size) / total,
                                              "estimate"))
     return result
+
+
+def _copied_flops(index, batch_size: int | None) -> int:
+    return sum(op_flops(index, i, batch_size) for i in range(len(index))
+               if index.names[i].startswith(COPY_SCOPE + "/"))
+
+
+def _pareto(points: list[TradeoffPoint]) -> list[TradeoffPoint]:
+    """The points no other point beats on both peak and extra compute (a model point that
+    costs more than the lowest real plan for a higher peak is no option), by rising cost."""
+    kept: list[TradeoffPoint] = []
+    for p in sorted(points, key=lambda p: (p.extra_flops_share, p.peak_bytes)):
+        if not kept or p.peak_bytes < kept[-1].peak_bytes:
+            kept.append(p)
+    return kept

@@ -179,6 +179,7 @@ def _budget_note(solution: BudgetSolution, budget: int, estimated: int, how: str
     from graphmem.units import format_bytes
 
     share = solution.extra_flops / solution.total_flops if solution.total_flops else 0.0
+    solution.feasible = estimated <= budget  # the estimate decides, not the model
     if estimated <= budget and "memory" in how:
         return (f"the memory policy's plan fits the budget of {format_bytes(budget)} (the "
                 "budget model's plan did not)")
@@ -186,7 +187,6 @@ def _budget_note(solution: BudgetSolution, budget: int, estimated: int, how: str
         return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
                 f"units recomputed (+{share:.0%} forward FLOPs) for a budget of "
                 f"{format_bytes(budget)}")
-    solution.feasible = False
     return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
             f"({'the memory policy' if 'memory' in how else solution.method}) reaches "
             f"{format_bytes(estimated)}, {format_bytes(estimated - budget)} over")

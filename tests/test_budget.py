@@ -179,3 +179,17 @@ def test_plan_tradeoff_curve(tmp_path):
     labels = {p["label"] for p in doc["policies"]}
     assert labels == {"memory", "speed"}
     assert (tmp_path / "curve.svg").read_text().startswith("<svg")
+
+
+def test_plan_bottom_is_a_peak_a_budget_rewrite_reaches(tmp_path):
+    # the budget model is optimistic on the ResNet at its lowest plans: the curve's bottom
+    # is the estimate of the lowest plan, and a budget there is met
+    from graphmem.plan import tradeoff
+
+    curve = tradeoff(fixture_path("resnet"), 32, steps=5)
+    assert curve.smallest_peak_bytes == min(p.peak_bytes for p in curve.points)
+    assert any(p.how == "estimate" for p in curve.points)
+    result = rewrite_file(fixture_path("resnet"), tmp_path / "low.meta",
+                          RewriteOptions("budget", [], 32, budget=str(curve.smallest_peak_bytes)))
+    assert result.budget.feasible
+    assert result.after.peak_bytes <= curve.smallest_peak_bytes
