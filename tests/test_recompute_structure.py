@@ -72,3 +72,38 @@ def test_speed_policy_keeps_matmuls():
     ix, regions, choice, plan, new, before, after = _rewrite(g, "speed")
     assert choice.tensors and all(ix.ops[t[0]] == "MatMul" for t in choice.tensors)
     assert len(choice.tensors) == 8
+
+
+def test_groups_holding_each_other_back_do_not_form_a_cycle():
+    # two recomputed activations whose backward readers are siblings fed by one gradient
+    # (the two branches of a custom-gradient swish in Keras' EfficientNet): each group's
+    # nearest independent backward ancestors include the other group's reader, so the
+    # copies would wait for each other
+    from graphmem.passes.recompute import _triggers
+    from tests.graphbuilder import G
+
+    g = G()
+    g.op("x", "Placeholder")
+    g.op("a", "Relu", "x")
+    g.op("b", "Sigmoid", "x")
+    g.op("gradients/g", "Const")
+    g.op("gradients/cA", "Mul", "gradients/g", "a")
+    g.op("gradients/cB", "Mul", "gradients/g", "b")
+    g.op("gradients/dA", "Mul", "gradients/cB", "a")
+    g.op("gradients/dB", "Mul", "gradients/cA", "b")
+    g.op("gradients/out", "AddN", "gradients/dA", "gradients/dB")
+    ix = g.index()
+    regions = analyze_regions(ix)
+    facts = analyze_forward(ix, regions)
+    names = ix.id_of
+    assert names["gradients/cB"] in _triggers(ix, regions, {names["gradients/cA"],
+                                                             names["gradients/dA"]})
+    plan = apply_recompute(ix, regions, facts, [])
+    assert plan.copied_ops == 2 and len(plan.segments) == 2  # one group per activation
+    assert plan.cycle_breaks >= 1
+    new = _index(g.graph_def)  # raises on a cycle
+    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE)]
+    assert len(copies) == 2
+    # the copy that kept its triggers still waits for a backward op
+    held = [c for c in copies if new.control_inputs[c]]
+    assert len(held) == 2 - plan.cycle_breaks

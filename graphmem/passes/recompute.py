@@ -5,7 +5,9 @@ backward pass needs from it are copied, reading checkpoints and kept tensors at 
 segment's boundary; the backward ops that read those activations are pointed at the copies.
 The copies are held back by control edges from triggers: the backward ops that feed the
 segment's backward consumers and do not depend on them, i.e. the gradient arriving from the
-later segments. A trigger never depends on the copies it holds back, so no cycle can form.
+later segments. A trigger never depends on the copies it holds back; it may depend on another
+group's, and where two groups would wait for each other that way, the groups involved are
+left without triggers (`_groups_closing_cycles`), so no cycle can form.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class RecomputePlan:
     kept_blocked: dict[str, int] = field(default_factory=dict)  # why -> saved tensors kept
     not_held_back: list[int] = field(default_factory=list)  # segments without a trigger
     update_guards: int = 0  # control edges that keep ref-variable writes after their copies
+    cycle_breaks: int = 0  # groups left without triggers: theirs would have closed a cycle
 
 
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
@@ -75,28 +78,35 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     g = index.graph_def
     new_nodes = []
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
+    groups: list[_Group] = []
     for seg in sorted(by_segment):
-        start = cut_positions[seg - 1] if seg > 0 else None
         for group_targets, needed in _independent_groups(index, by_segment[seg], keep,
                                                          recomputable):
             copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
-            copied = [_copy_node(index, i, copy_name)
-                      for i in sorted(needed, key=index.position.__getitem__)]
             consumers = _rewire(index, group_targets, copy_name, rewires)
             triggers = _triggers(index, regions, consumers) if consumers else set()
-            copies = set(copy_name.values())
-            for node in copied:
-                if not any(parse_input(x)[0] in copies for x in node.input):
-                    node.input.extend("^" + index.names[t] for t in sorted(triggers))
-            new_nodes.extend(copied)
-            if not triggers:
-                plan.not_held_back.append(seg)
-            plan.update_guards += _guard_ref_updates(index, regions, needed, copy_name)
-            plan.segments.append(Segment(
-                seg, cut_names.get(start) if start is not None else None,
-                [s.name for s in group_targets], len(needed),
-                [index.names[t] for t in sorted(triggers)]))
-            plan.copied_ops += len(needed)
+            groups.append(_Group(seg, group_targets, needed, copy_name, consumers, triggers))
+    for k in _groups_closing_cycles(index, groups, rewires):
+        groups[k].triggers = set()  # not held back rather than a cycle
+        plan.cycle_breaks += 1
+    for grp in groups:
+        copy_name, triggers = grp.copy_name, grp.triggers
+        copied = [_copy_node(index, i, copy_name)
+                  for i in sorted(grp.needed, key=index.position.__getitem__)]
+        copies = set(copy_name.values())
+        for node in copied:
+            if not any(parse_input(x)[0] in copies for x in node.input):
+                node.input.extend("^" + index.names[t] for t in sorted(triggers))
+        new_nodes.extend(copied)
+        if not triggers:
+            plan.not_held_back.append(grp.seg)
+        plan.update_guards += _guard_ref_updates(index, regions, grp.needed, copy_name)
+        start = cut_positions[grp.seg - 1] if grp.seg > 0 else None
+        plan.segments.append(Segment(
+            grp.seg, cut_names.get(start) if start is not None else None,
+            [s.name for s in grp.targets], len(grp.needed),
+            [index.names[t] for t in sorted(triggers)]))
+        plan.copied_ops += len(grp.needed)
     for c, slots in rewires.items():
         node = g.node[c]
         for slot, text in slots.items():
@@ -104,6 +114,91 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             plan.rewired_inputs += 1
     g.node.extend(new_nodes)
     return plan
+
+
+@dataclass
+class _Group:
+    """One group of copies: made for `targets`, read by `consumers`, held back by
+    `triggers`."""
+
+    seg: int
+    targets: list
+    needed: set[int]  # ops copied
+    copy_name: dict[int, str]
+    consumers: set[int]
+    triggers: set[int]
+
+
+def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
+                           rewires: dict[int, dict[int, str]]) -> list[int]:
+    """Groups whose trigger edges take part in a cycle of the rewritten graph.
+
+    Each group's triggers are chosen so that they do not depend on its own consumers, but a
+    trigger may depend on another group's consumers: when two groups' consumers are
+    siblings (both fed by one gradient, as the two branches of a custom-gradient swish),
+    each can be the other's trigger, and the copies wait for each other. Cheap test first:
+    when every group's triggers come before all its consumers in the original order, the
+    copies can be placed between the two and every edge runs forward. Otherwise one Kahn
+    pass over the rewritten graph (copies included) finds the ops left waiting; every cycle
+    runs through a trigger edge (without them the copies only read forward ops), so the
+    groups with a trigger edge between two waiting ops lose their triggers, and the pass
+    repeats until nothing waits."""
+    position = index.position
+    suspects = [k for k, grp in enumerate(groups) if grp.triggers and grp.consumers and
+                max(position[t] for t in grp.triggers) >=
+                min(position[c] for c in grp.consumers)]
+    if not suspects:
+        return []
+    n, ops = len(index), index.ops
+    copy_id: dict[str, int] = {}
+    owner: list[int] = []  # copy -> its group
+    for k, grp in enumerate(groups):
+        for i in sorted(grp.needed):
+            copy_id[grp.copy_name[i]] = n + len(owner)
+            owner.append(k)
+    preds: list[list[int]] = []  # of each copy, triggers apart: its original's inputs,
+    for grp in groups:  # copies of the same group where there is one
+        for i in sorted(grp.needed):
+            ins = [s for s, _ in index.data_inputs[i]] + index.control_inputs[i]
+            preds.append([copy_id[grp.copy_name[j]] if j in grp.copy_name else j
+                          for j in ins])
+    original: list[list[int]] = []  # data inputs (reads of copies where rewired) + control
+    for i in range(n):
+        if ops[i] in ("Merge", "RefMerge"):  # loop back edges, as the index ignores them
+            data = [s for s, _ in index.data_inputs[i]
+                    if ops[s] not in ("NextIteration", "RefNextIteration")]
+        else:
+            data = [s for s, _ in index.data_inputs[i]]
+        for slot, text in rewires.get(i, {}).items():
+            if slot < len(data):
+                data[slot] = copy_id[parse_input(text)[0]]
+        original.append(data + index.control_inputs[i])
+    dropped: set[int] = set()
+    while True:
+        total = n + len(owner)
+        succ: list[list[int]] = [[] for _ in range(total)]
+        indeg = [0] * total
+        for i in range(n):
+            for s in original[i]:
+                succ[s].append(i)
+            indeg[i] = len(original[i])
+        for c, k in enumerate(owner):
+            extra = () if k in dropped else groups[k].triggers
+            for s in (*preds[c], *extra):
+                succ[s].append(n + c)
+                indeg[n + c] += 1
+        stack = [i for i in range(total) if indeg[i] == 0]
+        while stack:
+            i = stack.pop()
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    stack.append(j)
+        culprits = {k for c, k in enumerate(owner) if indeg[n + c] > 0 and k not in dropped
+                    and any(indeg[t] > 0 for t in groups[k].triggers)}
+        if not culprits:
+            return sorted(dropped)
+        dropped |= culprits
 
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
