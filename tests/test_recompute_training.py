@@ -168,3 +168,23 @@ def test_copies_keep_their_originals_device(tmp_path):
     assert copies and all(c.device == devices[original_name(c.name)] for c in copies)
     originals = {n.name: n.device for n in placed.graph_def.node}
     assert all(devices[k] == v for k, v in originals.items())
+
+
+def test_verify_refuses_a_graph_that_does_not_train_on_its_inputs(tmp_path):
+    # a loss that is NaN from the first step: NaN never equals NaN, and equal NaNs would
+    # prove nothing, so verify says why it cannot compare (exit 2) instead of "differs"
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, 4], name="x")
+        w = v1.get_variable("w", [4, 1], initializer=v1.ones_initializer())
+        loss = tf.reduce_mean(tf.sqrt(tf.matmul(x, w) * 0.0 - 1.0), name="loss")
+        train = v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        v1.add_to_collection("train_op", train)
+        path = tmp_path / "nan.meta"
+        v1.train.export_meta_graph(str(path), graph=graph)
+    res = run_cli("verify", path, path, "--batch-size", "2", "--steps", "2")
+    assert res.exit_code == 2, res.output
+    assert "loss is nan at step 1" in res.stderr and "--feed" in res.stderr

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from graphmem.errors import InputError
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.runtime.train_runner import RunSpec, StepRecord, make_feeds, make_runner
@@ -71,6 +72,12 @@ def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float
             if not np.isclose(rb.loss, ra.loss, rtol=rtol, atol=atol):
                 mismatches.append(f"step {step + 1}: loss {ra.loss!r} vs {rb.loss!r}")
         va, vb = a.variables(), b.variables()
+        diverged = next((k for k, r in enumerate(runs_a) if not np.isfinite(r.loss)), None)
+        if diverged is not None:  # NaN == NaN fails, and equal NaNs would prove nothing
+            raise InputError(
+                f"the original graph's loss is {runs_a[diverged].loss} at step {diverged + 1}: "
+                "it does not train on these inputs, so the comparison cannot show equal "
+                "training (feed real data with --feed name=file.npy)")
     finally:
         a.close()
         b.close()
