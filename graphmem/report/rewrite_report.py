@@ -27,6 +27,7 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "segments_not_held_back": plan.not_held_back,
         "kept_not_recomputable": plan.kept_blocked,
         "update_guards": plan.update_guards,
+        "groups_released_to_avoid_cycles": plan.cycle_breaks,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
         "early_updates": result.early,
@@ -94,6 +95,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")
+    if plan.cycle_breaks:
+        console.print(f"[yellow]note[/]: {plan.cycle_breaks} groups of copies are not held "
+                      "back: their triggers would have waited for each other's copies")
     if result.swap is not None:
         _render_swap(result, console)
     if result.early is not None:
