@@ -169,9 +169,30 @@ def _choose_function(model: LoadedModel, function: str | None) -> str | None:
                          f"(training functions: {shown})")
     if any(_is_backward_name(n.name) for n in model.graph_def.node):
         return None
+    if len(candidates) > 1:  # loop bodies and their gradients hold backward ops too: the
+        # train step is the one that no other training function calls
+        called = _called_functions(model.graph_def, set(candidates))
+        candidates = [c for c in candidates if c not in called] or candidates
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
         raise InputError("the graph's library holds several training functions; choose one "
                          f"with --function ({', '.join(candidates)})")
     return None
+
+
+def _called_functions(graph_def: Message, callers: set[str]) -> set[str]:
+    """Functions that the `callers` name in their ops' attrs (While bodies and conditions,
+    If branches, PartitionedCall targets, their gradients)."""
+    called: set[str] = set()
+    for fdef in graph_def.library.function:
+        if fdef.signature.name not in callers:
+            continue
+        for node in fdef.node_def:
+            for value in node.attr.values():
+                kind = value.WhichOneof("value")
+                if kind == "func":
+                    called.add(value.func.name)
+                elif kind == "list":
+                    called.update(f.name for f in value.list.func)
+    return called
