@@ -94,7 +94,7 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
                     loss_names: list[str] | None = None) -> Regions:
     n = len(index)
     in_scope = scope_matcher(backward_scopes)
-    seeds = [i for i in range(n) if in_scope(index.names[i])]
+    seeds = _backward_seeds(index, in_scope)
     if not seeds:
         raise InputError("found no backward ops (no gradients/ or gradient_tape/ scope); "
                          "is this a training graph? (name the scope with --backward-scope)")
@@ -121,6 +121,32 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
     regions.saved = saved_activations(index, regions, batch_size)
     return regions
+
+
+_ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
+
+
+def _backward_seeds(index: GraphIndex, in_scope) -> list[int]:
+    """The ops of the gradient scopes, less the accumulators that the gradient made for the
+    forward v2 loops (empty tensor lists the forward loop pushes its per-step values into,
+    and the constants only they read). Those compute nothing on gradients; as seeds they
+    would make each forward loop, and every forward op after it, backward."""
+    scoped = [i for i in range(len(index)) if in_scope(index.names[i])]
+    accumulators = {i for i in scoped if _forward_loop_accumulator(index, i, in_scope)}
+    if not accumulators:
+        return scoped
+    only_for_them = {i for i in scoped if index.data_consumers(i)
+                     and all(r in accumulators for r in index.data_consumers(i))}
+    return [i for i in scoped if i not in accumulators and i not in only_for_them]
+
+
+def _forward_loop_accumulator(index: GraphIndex, i: int, in_scope) -> bool:
+    if index.ops[i] not in _ACCUMULATOR_OPS:
+        return False
+    readers = index.data_consumers(i)
+    return bool(readers) and all(index.ops[r] in _WHILE_OPS and not in_scope(index.names[r])
+                                 for r in readers)
 
 
 def saved_activations(index: GraphIndex, regions: Regions,
