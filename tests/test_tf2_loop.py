@@ -55,3 +55,21 @@ def test_loop_train_step_rewrites_train_identically(loop_step, policy, tmp_path)
                     0.0, 0.0)
     assert result.same_training, result.mismatches
     assert result.variables_compared == 3
+
+
+def test_forward_loop_and_the_ops_after_it_stay_forward(loop_step):
+    # the gradient makes empty tensor lists (in the gradient scope) that the forward loop
+    # pushes into; they must not drag the forward loop into the backward region
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.graph.workspace import Workspace
+
+    ws = Workspace.open(load_model(loop_step))
+    ix = ws.index
+    regions = analyze_regions(ix, None, 16)
+    loops = [i for i in range(len(ix)) if ix.ops[i] in ("While", "StatelessWhile")]
+    forward_loops = [i for i in loops if i in regions.forward]
+    backward_loops = [i for i in loops if i in regions.backward]
+    assert len(forward_loops) == 1 and len(backward_loops) == 1
+    assert any(ix.ops[ix.data_inputs[forward_loops[0]][k][0]] == "EmptyTensorList"
+               for k in range(len(ix.data_inputs[forward_loops[0]])))
+    assert regions.loss and regions.loss[0][0] in regions.forward
