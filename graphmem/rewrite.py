@@ -11,6 +11,7 @@ from pathlib import Path
 from graphmem.analysis.activations import analyze_forward
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
+from graphmem.analysis.replayable_loops import replayable_loops
 from graphmem.background import Background
 from graphmem.estimate import estimate_step
 from graphmem.formats import LoadedModel, load_model, save_model
@@ -44,6 +45,7 @@ class RewriteOptions:
     keep_worse: bool = False  # keep a rewrite even when its estimated peak is higher
     early_updates: bool = True  # run optimizer updates as soon as their gradient is ready
     budget: str | None = None  # with policy "budget": a size or a fraction of the peak
+    recompute_loops: bool = False  # v2 loops whose functions only read state may be replayed
 
 
 @dataclass
@@ -70,7 +72,10 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     if ws.refine_shapes(regions.step_nodes(index), options.batch_size):
         regions = analyze_regions(index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))
-    facts = analyze_forward(index, regions)
+    replayable = replayable_loops(index, {f.signature.name: f for f in
+                                          ws.model.graph_def.library.function}) \
+        if options.recompute_loops else set()
+    facts = analyze_forward(index, regions, replayable)
     host = options.swap.host if options.swap else None
 
     def estimate_original() -> MemoryEstimate:

@@ -73,3 +73,89 @@ def test_forward_loop_and_the_ops_after_it_stay_forward(loop_step):
     assert any(ix.ops[ix.data_inputs[forward_loops[0]][k][0]] == "EmptyTensorList"
                for k in range(len(ix.data_inputs[forward_loops[0]])))
     assert regions.loss and regions.loss[0][0] in regions.forward
+
+
+@pytest.fixture(scope="module")
+def stacked_loops(tmp_path_factory):
+    """Two stacked recurrent loops (the second reads the first's per-step outputs), and a
+    twin whose second loop draws random numbers with state inside its body."""
+    import tensorflow as tf
+
+    def build(stateful_random: bool, path):
+        class Step(tf.Module):
+            def __init__(self):
+                super().__init__()
+                self.w1 = tf.Variable(tf.random.stateless_normal([32, 32], seed=[1, 2]) * 0.2)
+                self.w2 = tf.Variable(tf.random.stateless_normal([32, 32], seed=[3, 4]) * 0.2)
+                self.w_out = tf.Variable(tf.random.stateless_normal([32, 1], seed=[5, 6]))
+
+            def _rnn(self, xs, w, noisy):
+                def body(i, h, out):
+                    h = tf.tanh(h @ w + xs.read(i))
+                    if noisy:
+                        h = h + 0.0 * tf.random.uniform(tf.shape(h))
+                    return i + 1, h, out.write(i, h)
+
+                steps = xs.size()
+                out = tf.TensorArray(tf.float32, size=steps)
+                h0 = tf.zeros_like(xs.read(0))
+                _, _, out = tf.while_loop(lambda i, h, o: i < steps, body, [0, h0, out])
+                return out
+
+            @tf.function(input_signature=[tf.TensorSpec([16, None, 32], tf.float32)])
+            def train_step(self, x):
+                with tf.GradientTape() as tape:
+                    xs = tf.TensorArray(tf.float32, size=16).unstack(x)
+                    h1 = self._rnn(xs, self.w1, False)
+                    h2 = self._rnn(h1, self.w2, stateful_random)
+                    loss = tf.reduce_mean(tf.square(h2.stack()[-1] @ self.w_out))
+                variables = [self.w1, self.w2, self.w_out]
+                for v, g in zip(variables, tape.gradient(loss, variables), strict=True):
+                    v.assign_sub(0.05 * g)
+                return loss
+
+        step = Step()
+        step.train_step(tf.zeros([16, 2, 32]))
+        tf.saved_model.save(step, str(path))
+        return path
+
+    root = tmp_path_factory.mktemp("stacked")
+    return build(False, root / "pure"), build(True, root / "noisy")
+
+
+def test_replayable_loops_are_the_ones_without_state(stacked_loops):
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.analysis.replayable_loops import replayable_loops
+    from graphmem.graph.workspace import Workspace
+
+    found = []
+    for path in stacked_loops:
+        ws = Workspace.open(load_model(path))
+        library = {f.signature.name: f for f in ws.model.graph_def.library.function}
+        ix = ws.index
+        forward = analyze_regions(ix, None, 8).forward
+        loops = [i for i in range(len(ix)) if ix.ops[i] in ("While", "StatelessWhile")
+                 and i in forward]
+        assert len(loops) == 2
+        found.append(len(replayable_loops(ix, library) & set(loops)))
+    assert found == [2, 1]  # the loop drawing random numbers with state is not replayed
+
+
+def test_recomputed_loops_train_identically(stacked_loops, tmp_path):
+    pure = stacked_loops[0]
+    out = tmp_path / "out"
+    result = rewrite_file(pure, out, RewriteOptions("memory", [], 8, keep_worse=True,
+                                                    recompute_loops=True))
+    copied_loops = [s for s in result.plan.segments
+                    if any(t.split(":")[0].endswith("while") for t in s.targets)]
+    assert copied_loops and result.plan.copied_ops > 0
+    from graphmem.graph.workspace import Workspace
+
+    ix = Workspace.open(load_model(out)).index
+    copies = [i for i in range(len(ix)) if ix.ops[i] in ("While", "StatelessWhile")
+              and ix.names[i].startswith("graphmem_recompute")]
+    assert copies
+    for c in copies:  # held back: the copy waits for the backward pass to reach it
+        assert any("gradient_tape/" in ix.names[a] for a in ix.ancestors([c]))
+    check = verify(str(pure), str(out), RunSpec(batch_size=8, grappler=False), 3, 0.0, 0.0)
+    assert check.same_training, check.mismatches

@@ -4,6 +4,7 @@ An activation op computes on the step's data (it depends on an input such as a p
 not only through shape-only ops) and is not a parameter read. Recomputable activation ops are
 the ones a copy of which yields the same values at any later time: no state, no randomness,
 no control flow, no direct read of a ref variable (its buffer changes when the optimizer runs).
+A v2 loop op whose functions only read state may be replayed as a whole when asked.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def is_data_input(index: GraphIndex, i: int) -> bool:
     return False
 
 
-def analyze_forward(index: GraphIndex, regions: Regions) -> ForwardFacts:
+def analyze_forward(index: GraphIndex, regions: Regions,
+                    replayable: set[int] = frozenset()) -> ForwardFacts:
+    """`replayable`: v2 loop ops that may be recomputed as a whole (see
+    analysis/replayable_loops.py); every other loop or conditional is kept."""
     forward = regions.forward
     on_data: set[int] = set()
     on_param: set[int] = set()
@@ -62,12 +66,23 @@ def analyze_forward(index: GraphIndex, regions: Regions) -> ForwardFacts:
     blocked: dict[int, str] = {}
     recomputable: set[int] = set()
     for i in activation:
-        why = _why_not_recomputable(index, i)
+        why = _why_not_replayable(index, i) if i in replayable else \
+            _why_not_recomputable(index, i)
         if why:
             blocked[i] = why
         else:
             recomputable.add(i)
     return ForwardFacts(activation, activation & on_param, recomputable, blocked)
+
+
+def _why_not_replayable(index: GraphIndex, i: int) -> str | None:
+    """A loop whose functions only read state: its variable inputs are read inside, and its
+    tensor-list outputs are what the gradient loop reads."""
+    for s, k in index.data_inputs[i]:
+        dt = index.dtype((s, k))
+        if dt is not None and dtypes.is_ref(dt):
+            return "reads a ref variable"
+    return None if index.out_dtypes[i] is not None else "unknown output types"
 
 
 def _why_not_recomputable(index: GraphIndex, i: int) -> str | None:

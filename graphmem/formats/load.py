@@ -14,6 +14,7 @@ from google.protobuf.text_format import ParseError
 from graphmem import protos
 from graphmem.errors import InputError
 from graphmem.formats.model import Format, LoadedModel
+from graphmem.graph.function_view import functions_named
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 _META_TEXT_FIELDS = ("meta_info_def", "graph_def", "saver_def", "collection_def", "signature_def",
@@ -189,10 +190,5 @@ def _called_functions(graph_def: Message, callers: set[str]) -> set[str]:
         if fdef.signature.name not in callers:
             continue
         for node in fdef.node_def:
-            for value in node.attr.values():
-                kind = value.WhichOneof("value")
-                if kind == "func":
-                    called.add(value.func.name)
-                elif kind == "list":
-                    called.update(f.name for f in value.list.func)
+            called |= functions_named(node)
     return called

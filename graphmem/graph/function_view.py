@@ -113,3 +113,16 @@ class FunctionView:
         for node in self.graph_def.node:
             if node.op == RETVAL_OP:
                 fn.ret[node.name[len(_RETVAL_PREFIX):]] = self._to_function_input(node.input[0])
+
+
+def functions_named(node: Message) -> set[str]:
+    """Library functions a node names in its attrs (While bodies and conditions, If
+    branches, PartitionedCall targets)."""
+    names = set()
+    for value in node.attr.values():
+        kind = value.WhichOneof("value")
+        if kind == "func":
+            names.add(value.func.name)
+        elif kind == "list":
+            names.update(f.name for f in value.list.func)
+    return names
