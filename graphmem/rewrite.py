@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graphmem.analysis.activations import analyze_forward
+from graphmem.analysis.cost import op_flops
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.replayable_loops import replayable_loops
@@ -21,7 +22,7 @@ from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import BudgetSolution, choose_budget_checkpoints, parse_budget
 from graphmem.passes.checkpoints import CheckpointChoice, candidate_tensors, choose_checkpoints
 from graphmem.passes.early_updates import EarlyUpdatesPlan, apply_early_updates
-from graphmem.passes.recompute import RecomputePlan, apply_recompute
+from graphmem.passes.recompute import COPY_SCOPE, RecomputePlan, apply_recompute
 from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
 
 
@@ -123,29 +124,40 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         correction += after.peak_bytes - solution.model_peak - correction
         ws.graph_def.ParseFromString(original)
         ws.reindex(appended=False)
-    if solution is not None and after.peak_bytes > budget:
-        # the chain model could not place the plan under the budget: the sqrt(N) memory
-        # policy sometimes lands lower; take whichever the estimate says is lower
-        ws.graph_def.ParseFromString(original)
-        ws.reindex(appended=False)
-        alt = choose_checkpoints("memory", index, regions, facts, options.batch_size)
-        alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
-        alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
-        alt_after = estimate_step(ws, alt_run[4], options.batch_size, options.backward_scopes,
-                                  options.grappler, keep_timeline=options.keep_timeline,
-                                  host_device=host)
-        if alt_after.peak_bytes < after.peak_bytes:
-            choice, checkpoints, after = alt, alt_facts, alt_after
-            plan, swap_plan, early, new_index, new_regions = alt_run
-            choice.policy = "budget"
-            choice.note = "the memory policy's plan (lower than the budget model's)"
-        else:  # redo the budget plan
+    if solution is not None:
+        # The budget model's plan is one candidate; the memory and speed policies' plans
+        # are two more (the model is a chain of segments and misjudges some graphs): the
+        # one with the least recompute that fits wins, or the lowest when none fits.
+        runs = [_Run("budget", choice, checkpoints,
+                     (plan, swap_plan, early, new_index, new_regions), after,
+                     _copied_flops(new_index, options.batch_size))]
+        for policy in ("memory", "speed"):
             ws.graph_def.ParseFromString(original)
             ws.reindex(appended=False)
-            plan, swap_plan, early, new_index, new_regions = _apply_passes(
-                ws, index, regions, facts, choice, checkpoints, options)
-    if solution is not None:
-        choice.note = _budget_note(solution, budget, after.peak_bytes, choice.note)
+            alt = choose_checkpoints(policy, index, regions, facts, options.batch_size)
+            alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
+            alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
+            alt_after = estimate_step(ws, alt_run[4], options.batch_size,
+                                      options.backward_scopes, options.grappler,
+                                      keep_timeline=options.keep_timeline, host_device=host)
+            runs.append(_Run(policy, alt, alt_facts, alt_run, alt_after,
+                             _copied_flops(alt_run[3], options.batch_size)))
+        fitting = [r for r in runs if r.after.peak_bytes <= budget]
+        best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
+            min(runs, key=lambda r: r.after.peak_bytes)
+        if best is not runs[-1]:  # the workspace holds the last plan applied: redo the best
+            ws.graph_def.ParseFromString(original)
+            ws.reindex(appended=False)
+            best.passes = _apply_passes(ws, index, regions, facts, best.choice,
+                                        best.checkpoints, options)
+        choice, checkpoints, after = best.choice, best.checkpoints, best.after
+        plan, swap_plan, early, new_index, new_regions = best.passes
+        if best.policy != "budget":
+            choice.policy = "budget"
+            choice.note = f"the {best.policy} policy's plan"
+        choice.note = _budget_note(solution, budget, after.peak_bytes, best.policy,
+                                   runs[0], best)
+        solution.chosen, solution.extra_flops = best.policy, best.extra_flops
     before = before_job.result() or _estimate_bytes(ws, original, options, host)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
@@ -180,21 +192,42 @@ def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOpt
                          options.grappler).peak_bytes
 
 
-def _budget_note(solution: BudgetSolution, budget: int, estimated: int, how: str) -> str:
+@dataclass
+class _Run:
+    """One candidate plan of the budget policy, applied and estimated."""
+
+    policy: str
+    choice: CheckpointChoice
+    checkpoints: list[CheckpointFact]
+    passes: tuple
+    after: MemoryEstimate
+    extra_flops: int  # FLOPs of the ops it copies
+
+
+def _copied_flops(index, batch_size: int | None) -> int:
+    return sum(op_flops(index, i, batch_size) for i in range(len(index))
+               if index.names[i].startswith(COPY_SCOPE + "/"))
+
+
+def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: str,
+                 model_run: _Run, best: _Run) -> str:
     from graphmem.units import format_bytes
 
-    share = solution.extra_flops / solution.total_flops if solution.total_flops else 0.0
+    total = solution.total_flops or 1
     solution.feasible = estimated <= budget  # the estimate decides, not the model
-    if estimated <= budget and "memory" in how:
-        return (f"the memory policy's plan fits the budget of {format_bytes(budget)} (the "
-                "budget model's plan did not)")
-    if estimated <= budget:
-        return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
-                f"units recomputed (+{share:.0%} forward FLOPs) for a budget of "
-                f"{format_bytes(budget)}")
-    return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
-            f"({'the memory policy' if 'memory' in how else solution.method}) reaches "
-            f"{format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
+    if estimated > budget:
+        return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
+                f"({solution.method if policy == 'budget' else f'the {policy} policy'}) "
+                f"reaches {format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
+    if policy != "budget":
+        model = ("did not fit" if model_run.after.peak_bytes > budget else
+                 f"+{model_run.extra_flops / total:.0%} forward FLOPs")
+        return (f"the {policy} policy's plan (+{best.extra_flops / total:.0%} forward FLOPs) "
+                f"fits the budget of {format_bytes(budget)} with the least recompute (the "
+                f"budget model's plan: {model})")
+    return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
+            f"units recomputed (+{best.extra_flops / total:.0%} forward FLOPs) for a budget of "
+            f"{format_bytes(budget)}")
 
 
 def _apply_passes(ws: Workspace, index, regions, facts, choice, checkpoints, options):

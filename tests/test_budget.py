@@ -193,3 +193,22 @@ def test_plan_bottom_is_a_peak_a_budget_rewrite_reaches(tmp_path):
                           RewriteOptions("budget", [], 32, budget=str(curve.smallest_peak_bytes)))
     assert result.budget.feasible
     assert result.after.peak_bytes <= curve.smallest_peak_bytes
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
+def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path):
+    from graphmem.rewrite import _copied_flops
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    from graphmem.rewrite import rewrite_workspace
+
+    src = fixture_path(name)
+    ws = Workspace.open(load_model(src), batch_size=32)
+    memory = rewrite_workspace(ws, RewriteOptions("memory", [], 32))
+    memory_flops = _copied_flops(ws.index, 32)  # as the budget policy counts its own
+    budget = rewrite_file(src, tmp_path / "b.meta", RewriteOptions(
+        "budget", [], 32, budget=str(memory.after.peak_bytes)))
+    assert budget.budget.feasible and budget.after.peak_bytes <= memory.after.peak_bytes
+    assert budget.budget.extra_flops <= memory_flops
+    assert budget.budget.chosen in ("budget", "memory", "speed")

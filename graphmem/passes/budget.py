@@ -54,6 +54,7 @@ class BudgetSolution:
     total_flops: int  # forward FLOPs of the spine, for a relative figure
     feasible: bool
     min_peak: int  # the smallest peak the model reaches (everything recomputed, best cuts)
+    chosen: str = "budget"  # the plan written: the model's, or the memory or speed policy's
 
 
 def build_units(index: GraphIndex, spine: Spine, batch_size: int | None) -> Units:

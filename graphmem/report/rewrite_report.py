@@ -33,6 +33,7 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "early_updates": result.early,
         "budget": None if result.budget is None else {
             "budget_bytes": result.budget_bytes, "method": result.budget.method,
+            "plan": result.budget.chosen,
             "feasible": result.budget.feasible, "min_peak_bytes": result.budget.min_peak,
             "model_peak_bytes": result.budget.model_peak,
             "extra_flops": result.budget.extra_flops,
