@@ -197,11 +197,9 @@ def test_plan_bottom_is_a_peak_a_budget_rewrite_reaches(tmp_path):
 
 @pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
 def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path):
-    from graphmem.rewrite import _copied_flops
     from graphmem.formats import load_model
     from graphmem.graph.workspace import Workspace
-
-    from graphmem.rewrite import rewrite_workspace
+    from graphmem.rewrite import _copied_flops, rewrite_workspace
 
     src = fixture_path(name)
     ws = Workspace.open(load_model(src), batch_size=32)
