@@ -23,6 +23,9 @@ from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tenso
 from graphmem.graph.names import input_string, parse_input
 
 COPY_SCOPE = "graphmem_recompute"
+# how many segments back a segment's copies may reach for ops that are not kept (see
+# _independent_groups): enough for a transformer block's chains, linear on any graph
+REACH_SEGMENTS = 16
 # read only their input's shape and dtype: leave them on the original tensor
 NO_DATA_READERS = SHAPE_ONLY_OPS | {"ZerosLike", "OnesLike"}
 
@@ -80,8 +83,9 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     groups: list[_Group] = []
     for seg in sorted(by_segment):
+        start = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
         for group_targets, needed in _independent_groups(index, by_segment[seg], keep,
-                                                         recomputable):
+                                                         recomputable, start):
             copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
             consumers = _rewire(index, group_targets, copy_name, rewires)
             triggers = _triggers(index, regions, consumers) if consumers else set()
@@ -202,9 +206,16 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
 
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
-                        recomputable: set[int]) -> list[tuple[list, set[int]]]:
+                        recomputable: set[int], start: int) -> list[tuple[list, set[int]]]:
     """Split a segment's targets into groups whose copies share no op, so that each group
-    is held back by the backward ops that need it, not by those of an unrelated branch."""
+    is held back by the backward ops that need it, not by those of an unrelated branch.
+
+    Copies reach back to kept tensors, and no further than `start` (a topological position,
+    REACH_SEGMENTS segments back): an op before it is read as it is, which keeps its output
+    alive like a checkpoint. Without that bound, checkpoints that do not cut the graph (the
+    speed policy keeps matmul outputs; a residual chain's adds go around them) would make
+    every segment copy the whole chain before it, quadratic in the depth."""
+    position = index.position
     parent: list[int] = list(range(len(targets)))
 
     def find(a: int) -> int:
@@ -227,7 +238,7 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
                 continue
             owner[i] = t_id
             for src, k in index.data_inputs[i]:
-                if src in recomputable and (src, k) not in keep:
+                if src in recomputable and (src, k) not in keep and position[src] > start:
                     stack.append(src)
     groups: dict[int, tuple[list, set[int]]] = {}
     for t_id, s in enumerate(targets):
@@ -253,22 +264,6 @@ def _rewire(index: GraphIndex, targets: list, copy_name: dict[int, str],
                     rewires.setdefault(c, {})[slot] = new_input
                     consumers.add(c)
     return consumers
-
-
-def _ops_to_copy(index: GraphIndex, targets: list[Tensor], keep: set[Tensor],
-                 recomputable: set[int]) -> set[int]:
-    """The recomputable ops the targets need, walking back until kept tensors."""
-    needed: set[int] = set()
-    stack = [t[0] for t in targets]
-    while stack:
-        i = stack.pop()
-        if i in needed:
-            continue
-        needed.add(i)
-        for s, k in index.data_inputs[i]:
-            if s in recomputable and (s, k) not in keep and s not in needed:
-                stack.append(s)
-    return needed
 
 
 def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str]):
