@@ -17,7 +17,8 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     index = ws.index
     if not grappler:
         return estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index),
-                               keep_timeline=keep_timeline, host_device=host_device)
+                               keep_timeline=keep_timeline, host_device=host_device,
+                               library=ws.model.graph_def.library)
     if ws.view is not None:
         raise UsageError("--grappler estimates TF1 graphs; TF2 train steps are optimized "
                          "when TensorFlow loads them")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.analysis.loops import LoopFacts, analyze_loops, element_view
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
@@ -50,6 +51,8 @@ class MemoryEstimate:
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
     host_peak_bytes: int = 0  # peak on the host device when it is excluded (swap)
     ops_in_step: int = 0
+    loops: list = field(default_factory=list)  # loops.Loop: trip counts and how found
+    notes: list[str] = field(default_factory=list)  # where the estimate is known to be short
 
 
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
@@ -57,28 +60,46 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     order: list[int] | None = None,
                     nodes: set[int] | None = None,
                     schedule: str = "executor",
-                    host_device: str | None = None) -> MemoryEstimate:
+                    host_device: str | None = None, library=None,
+                    _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
     in the executor's order (`schedule="executor"`) or the topological one ("topo").
     With `host_device`, buffers on that device are left out of the peak and reported as
-    `host_peak_bytes` (the device being saved is everything else)."""
+    `host_peak_bytes` (the device being saved is everything else). `library` holds the
+    bodies of v2 While ops (default: the graph's own library); loops are sized by
+    loops.analyze_loops."""
     if order is None:
         order = executor_order(index, nodes, batch_size) if schedule == "executor" \
             else index.topo
     if nodes is not None:
         order = [i for i in order if i in nodes]
     host = normalize_device(host_device) if host_device else None
-    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top))
+    loops = analyze_loops(index, batch_size, library, _loop_depth)
+    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top),
+                    loops=loops)
     live_at_peak: list[LiveTensor] = []
     if top and order:  # the buffers whose lifetime spans the peak
         at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
                    if born <= run.peak_pos <= freed]
         at_peak.sort()  # largest first, then in the order they were allocated
-        live_at_peak = [LiveTensor(index.tensor_name(buf), -b, index.shape(buf))
-                        for b, _, buf in at_peak[:top]]
+        live_at_peak = [_live_tensor(index, loops, buf, -b) for b, _, buf in at_peak[:top]]
     return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
                           index.names[order[run.peak_pos]] if order else "", live_at_peak,
-                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order))
+                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order),
+                          loops.loops, loops.notes)
+
+
+def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:
+    if buf[1] == _STACK:  # the earlier elements of a v1 stack, named after its push
+        steps = loops.push_steps.get(buf[0], 1)
+        ins = index.data_inputs[buf[0]]
+        elem = index.shape(ins[1]) if len(ins) > 1 else None
+        return LiveTensor(f"{index.names[buf[0]]} ({steps - 1} earlier steps)", b,
+                          [steps - 1, *elem] if elem is not None else None)
+    return LiveTensor(index.tensor_name(buf), b, index.shape(buf))
+
+
+_STACK = -1  # output index of the virtual buffer that holds a v1 stack's earlier elements
 
 
 @dataclass
@@ -95,11 +116,28 @@ class _Run:
 
 
 def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
-              keep_timeline: bool, track_lives: bool = False) -> _Run:
+              keep_timeline: bool, track_lives: bool = False,
+              loops: LoopFacts | None = None) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
-    (`track_lives`), from which the live set at the final peak is read afterwards."""
+    (`track_lives`), from which the live set at the final peak is read afterwards.
+
+    Loops (see loops.py): a v1 stack push keeps its element alive until its pop (the pop's
+    output is that buffer) and allocates the stack's earlier elements, freed after the
+    gradient loop's last op; v2 list outputs take their sizes from `loops.output_bytes`,
+    list element reads allocate nothing, and a While op holds its body's peak while it
+    runs."""
     run = _Run()
+    loops = loops if loops is not None and not loops.is_empty() else None
+    push_steps = loops.push_steps if loops else {}
+    pop_source = loops.pop_source if loops else {}
+    list_bytes = loops.output_bytes if loops else {}
+    body_peak = loops.body_peak if loops else {}
+    release_at = loops.release_positions(order, index.frame) if loops else {}
+    releases: dict[int, list[Tensor]] = {}
+    held: dict[Tensor, Tensor] = {}  # pushed tensor -> the buffer its push holds
+    held_buffers: set[Tensor] = set()
+    end = len(order)
     member = bytearray(len(index))
     for i in order:
         member[i] = 1
@@ -125,6 +163,11 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             readers = 0
             for c in consumers.get(t, ()):
                 readers += member[c]
+            if k == 0 and i in pop_source and pop_source[i] in held:
+                buf = held.pop(pop_source[i])  # the pop hands back the pushed buffer
+                buffer_of[t] = buf
+                pending[buf] = pending.get(buf, 0) + readers - 1
+                continue
             src = _aliased_input(op, k, inputs)
             if src is not None and device_of[src[0]] != dev:
                 src = None  # an identity across devices is a copy: it allocates
@@ -133,11 +176,12 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers
                 continue
-            b = sizes_of(i)[k]
+            b = list_bytes.get(t) if t in list_bytes else sizes_of(i)[k]
             if b is None:
                 run.unknown += 1
                 b = 0
-            if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)):
+            if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)) or \
+                    element_view(op, k):
                 b = 0
             donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken) if b else None
             if donor is not None:  # TF reuses an input buffer that this op reads last
@@ -156,12 +200,23 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     run.host_peak = max(run.host_peak, live_dev[dev])
                 else:
                     live += b
+        if i in push_steps and len(inputs) > 1:
+            live += _hold_stack(i, inputs[1], push_steps[i], max(release_at.get(i, end), p),
+                                held, held_buffers, releases, buffer_of, pending, size, run,
+                                born if track_lives else None, p, dev, host, live_dev)
+        extra = body_peak.get(i, 0)  # a While's body, one iteration at a time
+        if extra:
+            live += extra
+            live_dev[dev] = live_dev.get(dev, 0) + extra
         if keep_timeline:
             run.timeline.append(live)
         if live > run.peak:
             run.peak, run.peak_pos = live, p
         if live_dev.get(dev, 0) > run.peak_dev.get(dev, 0):
             run.peak_dev[dev] = live_dev[dev]
+        if extra:
+            live -= extra
+            live_dev[dev] -= extra
         touched = set()
         for t in inputs:  # one read per input slot
             buf = buffer_of.get(t)
@@ -172,6 +227,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             buf = buffer_of.get((i, k))
             if buf is not None:
                 touched.add(buf)
+        touched.update(releases.pop(p, ()))
         for buf in touched:
             if pending.get(buf, 0) <= 0 and buf in size:
                 b = size.pop(buf)
@@ -183,9 +239,36 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     live_dev[d] -= b
                     if d != host:
                         live -= b
-    end = len(order)
     run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
     return run
+
+
+def _hold_stack(push, element, steps, release, held, held_buffers, releases, buffer_of,
+                pending, size, run, born, p, dev, host, live_dev) -> int:
+    """A v1 StackPushV2: the element stays alive until its pop, and the stack's earlier
+    `steps - 1` elements of the same size are allocated now and freed after position
+    `release` (the gradient loop's last op). A buffer pushed by several stacks is held and
+    counted once. Returns the bytes added to the device being estimated."""
+    buf = buffer_of.get(element)
+    if buf is None or buf not in size or buf in held_buffers:
+        return 0
+    held[element] = buf
+    held_buffers.add(buf)
+    pending[buf] = pending.get(buf, 0) + 1  # read again by the pop
+    b = size[buf] * max(steps - 1, 0)
+    if not b:
+        return 0
+    acc = (push, _STACK)
+    size[acc] = b
+    pending[acc] = 0
+    releases.setdefault(release, []).append(acc)
+    live_dev[dev] = live_dev.get(dev, 0) + b
+    if dev == host:
+        run.host_peak = max(run.host_peak, live_dev[dev])
+        return 0
+    if born is not None:
+        born[acc] = p
+    return b
 
 
 def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
