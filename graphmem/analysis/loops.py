@@ -47,16 +47,20 @@ class Loop:
 class LoopFacts:
     """Sizes and lifetimes the memory simulation cannot read off shapes alone.
 
-    v1 (stacks): a push holds its element until the matching pop, and the stack holds
-    `steps - 1` more elements of that size from the push until the end of the gradient loop
-    (`release_frame`); the simulation runs a body once, as the forward loop's last
-    iteration and the gradient loop's first, where the stacks are fullest.
+    v1 (stacks): a pushed value stays alive until the matching pop, and the stack holds
+    `steps - 1` more elements of that size from the moment the value is computed until the
+    end of the gradient loop (`release_frame`). The simulation runs a body once, as the
+    forward loop's last iteration and the gradient loop's first, where the stacks are
+    fullest; it counts from the value's producer, not from the push, because its one-pass
+    order may run a push late (the push waits for the stack's handle, a root the executor
+    creates first) while TF pushes in every iteration.
     v2 (tensor lists): the byte size of list outputs (`output_bytes`, trip count x element),
     and the peak of one iteration of each While body (`body_peak`), which is live while
     the While op runs."""
 
     loops: list[Loop] = field(default_factory=list)
     push_steps: dict[int, int] = field(default_factory=dict)  # StackPushV2 -> elements
+    pushed: dict[Tensor, int] = field(default_factory=dict)  # pushed tensor -> its push
     pop_source: dict[int, Tensor] = field(default_factory=dict)  # StackPopV2 -> pushed tensor
     release_frame: dict[int, str] = field(default_factory=dict)  # StackPushV2 -> frame
     outer_frame: dict[str, str] = field(default_factory=dict)  # frame -> outermost frame
@@ -299,6 +303,7 @@ def _v1_stacks(index: GraphIndex, values: StaticValues, facts: LoopFacts) -> Non
                 f, depth = parent.get(f, ""), depth + 1
             counted[frame[p]] = counted.get(frame[p], 0) + 1
             facts.push_steps[p] = steps if known else 1
+            facts.pushed.setdefault(ins[p][1], p)
             stack_pops = pops.get(stack, [])
             if stack_pops:
                 facts.pop_source[stack_pops[0]] = ins[p][1]
@@ -510,9 +515,13 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
                 b = _list_element_bytes(index, ins[k], values)
             if b is None:
                 continue
+            if kind == "TensorListSetItem" and not _grows(index, ins[k]):
+                facts.output_bytes[(w, k)] = 0  # it replaces elements the list has
+                continue
             if kind == "TensorListPushBack":
                 accumulators += 1
-            facts.output_bytes[(w, k)] = (trip if trip is not None else 1) * b
+            facts.output_bytes[(w, k)] = (trip if trip is not None else 1) * \
+                allocation_bytes(b)
     # the final value of each counter is known once the trip count is
     if trip is not None:
         for k, r in enumerate(body.rets):
@@ -522,6 +531,12 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
                 if start is not None:
                     values.extra[(w, k)] = start + trip * c
     facts.loops.append(Loop(name, "v2", trip, how, accumulators))
+
+
+def _grows(index: GraphIndex, lst: Tensor) -> bool:
+    """Whether a list entering a loop starts without elements, so that setting items fills
+    it (a TensorArray written one step at a time)."""
+    return index.ops[_source(index, lst[0])] in ("TensorListReserve", "EmptyTensorList")
 
 
 def _element_bytes(ix: GraphIndex, t: Tensor, batch_size: int | None) -> int | None:
@@ -623,6 +638,12 @@ def _v2_trip(index: GraphIndex, w: int, values: StaticValues, body: _Body,
                 if n is not None and n > 0:
                     return n, f"capacity of {index.names[i]}"
     return trip, how
+
+
+def allocation_bytes(nbytes: int) -> int:
+    """Bytes TF's BFC allocator reserves for a buffer (multiples of 256): matters where a
+    loop keeps one small tensor (a shape, a counter) per iteration."""
+    return -(-nbytes // 256) * 256 if nbytes else 0
 
 
 def element_view(op: str, k: int) -> bool:

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.loops import LoopFacts, analyze_loops, element_view
+from graphmem.analysis.loops import LoopFacts, allocation_bytes, analyze_loops, element_view
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
                           "Snapshot", "PreventGradient", "IdentityN", "EnsureShape",
-                          "RefIdentity", "CheckNumerics", "PlaceholderWithDefault"})
+                          "RefIdentity", "CheckNumerics", "PlaceholderWithDefault",
+                          # control flow v1 passes tensors on without copying them. A
+                          # Merge is left out: the simulation runs a loop body once, as its
+                          # last iteration, whose Merge yields the previous iteration's
+                          # value, a buffer of its own
+                          "Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
+                          "RefNextIteration", "LoopCond", "Switch", "RefSwitch"})
+_BACK_EDGES = frozenset({"NextIteration", "RefNextIteration"})
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}
 # Element-wise kernels that write into an input buffer when nothing else reads it any more
 # (TF's forward_input_or_allocate_output).
@@ -130,6 +137,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     run = _Run()
     loops = loops if loops is not None and not loops.is_empty() else None
     push_steps = loops.push_steps if loops else {}
+    pushed = loops.pushed if loops else {}
     pop_source = loops.pop_source if loops else {}
     list_bytes = loops.output_bytes if loops else {}
     body_peak = loops.body_peak if loops else {}
@@ -163,6 +171,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             readers = 0
             for c in consumers.get(t, ()):
                 readers += member[c]
+            if op in _BACK_EDGES:
+                readers = 0  # its Merge ran already: the simulation runs a body once
             if k == 0 and i in pop_source and pop_source[i] in held:
                 buf = held.pop(pop_source[i])  # the pop hands back the pushed buffer
                 buffer_of[t] = buf
@@ -200,10 +210,15 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     run.host_peak = max(run.host_peak, live_dev[dev])
                 else:
                     live += b
-        if i in push_steps and len(inputs) > 1:
-            live += _hold_stack(i, inputs[1], push_steps[i], max(release_at.get(i, end), p),
-                                held, held_buffers, releases, buffer_of, pending, size, run,
-                                born if track_lives else None, p, dev, host, live_dev)
+        if pushed:
+            for k in range(num_outputs[i]):
+                push = pushed.get((i, k))
+                if push is not None and member[push]:
+                    live += _hold_stack(push, (i, k), push_steps[push],
+                                        max(release_at.get(push, end), p), held, held_buffers,
+                                        releases, buffer_of, pending, size, run,
+                                        born if track_lives else None, p, device_of[push],
+                                        host, live_dev)
         extra = body_peak.get(i, 0)  # a While's body, one iteration at a time
         if extra:
             live += extra
@@ -245,8 +260,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
 
 def _hold_stack(push, element, steps, release, held, held_buffers, releases, buffer_of,
                 pending, size, run, born, p, dev, host, live_dev) -> int:
-    """A v1 StackPushV2: the element stays alive until its pop, and the stack's earlier
-    `steps - 1` elements of the same size are allocated now and freed after position
+    """A value a v1 StackPushV2 will push, just computed: it stays alive until its pop, and
+    the stack's earlier `steps - 1` elements of the same size (each its own allocation,
+    rounded up as TF's BFC allocator does) are allocated now and freed after position
     `release` (the gradient loop's last op). A buffer pushed by several stacks is held and
     counted once. Returns the bytes added to the device being estimated."""
     buf = buffer_of.get(element)
@@ -255,7 +271,7 @@ def _hold_stack(push, element, steps, release, held, held_buffers, releases, buf
     held[element] = buf
     held_buffers.add(buf)
     pending[buf] = pending.get(buf, 0) + 1  # read again by the pop
-    b = size[buf] * max(steps - 1, 0)
+    b = allocation_bytes(size[buf]) * max(steps - 1, 0)
     if not b:
         return 0
     acc = (push, _STACK)
@@ -276,6 +292,8 @@ def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
         return None
     if op == "IdentityN":
         return inputs[k] if k < len(inputs) else None
+    if op in ("Switch", "RefSwitch"):  # both branches forward the data input
+        return inputs[0] if k < 2 else None
     return inputs[0] if k == 0 else None
 
 
