@@ -229,10 +229,8 @@ def const_ints(node: Message) -> int | list[int] | None:
                                        if tp.tensor_content else [])
     else:
         return None
-    if not vals and count == 0:
-        return []
-    if not vals:
-        return None
+    if not vals:  # no values written: all zeros
+        vals = [0] * count
     if len(vals) < count:  # TF writes a repeated value once
         vals += [vals[-1]] * (count - len(vals))
     return vals if dims else vals[0]
@@ -524,7 +522,7 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
                 allocation_bytes(b)
     # the final value of each counter is known once the trip count is
     if trip is not None:
-        for k, r in enumerate(body.rets):
+        for k in range(len(body.rets)):
             c = _v2_counter_step(body, k)
             if c is not None and k < len(ins):
                 start = values.scalar(ins[k])

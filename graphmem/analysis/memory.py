@@ -24,7 +24,8 @@ ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopG
                           # last iteration, whose Merge yields the previous iteration's
                           # value, a buffer of its own
                           "Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
-                          "RefNextIteration", "LoopCond", "Switch", "RefSwitch"})
+                          "RefNextIteration", "LoopCond", "Switch", "RefSwitch",
+                          "StackPushV2"})
 _BACK_EDGES = frozenset({"NextIteration", "RefNextIteration"})
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}
 # Element-wise kernels that write into an input buffer when nothing else reads it any more
@@ -292,6 +293,8 @@ def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
         return None
     if op == "IdentityN":
         return inputs[k] if k < len(inputs) else None
+    if op == "StackPushV2":  # outputs the element it pushed
+        return inputs[1] if k == 0 and len(inputs) > 1 else None
     if op in ("Switch", "RefSwitch"):  # both branches forward the data input
         return inputs[0] if k < 2 else None
     return inputs[0] if k == 0 else None

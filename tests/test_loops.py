@@ -1,0 +1,181 @@
+"""Loops in the estimate: trip counts and what a loop accumulates for its gradient.
+
+Hand-made control flow v1 graphs (no TensorFlow) whose peak is worked out by hand, and
+small loops built with TensorFlow (v1 stacks, v2 tensor lists) whose accumulated bytes are
+known from their shapes. Tensors are float32[2048] (U = 8 KiB); counters, handles and
+booleans are given shape [0] so that they weigh nothing and the arithmetic stays in U.
+"""
+
+import pytest
+
+from graphmem import protos
+from graphmem.analysis.loops import analyze_loops, const_ints, trip_from_compare
+from graphmem.analysis.memory import estimate_memory
+from tests.graphbuilder import G
+
+U = 8192
+N = (2048,)
+S = (0,)  # a scalar that weighs nothing
+INT32 = 3
+
+
+def _const(g: G, name: str, value: int, *ctrl: str):
+    node = g.op(name, "Const", *ctrl, shape=S, dtype=INT32)
+    node.attr["dtype"].type = INT32
+    node.attr["value"].tensor.dtype = INT32
+    node.attr["value"].tensor.int_val.append(value)
+    return node
+
+
+def _enter(g: G, name: str, src: str, frame: bytes, constant: bool, shape=S):
+    node = g.op(name, "Enter", src, shape=shape, frame_name=frame)
+    node.attr["is_constant"].b = constant
+    return node
+
+
+def _counter_loop(g: G, p: str, frame: bytes, start: str, bound: str, step_op: str,
+                  compare: str) -> None:
+    """`i = start; while i <compare> bound: i = i <step_op> 1`, nodes named p/..."""
+    _enter(g, f"{p}/i_enter", start, frame, False)
+    g.op(f"{p}/i_merge", "Merge", f"{p}/i_enter", f"{p}/i_next", shape=S, n_out=2)
+    _enter(g, f"{p}/n_enter", bound, frame, True)
+    g.op(f"{p}/cmp", compare, f"{p}/i_merge", f"{p}/n_enter", shape=S)
+    g.op(f"{p}/cond", "LoopCond", f"{p}/cmp", shape=S)
+    g.op(f"{p}/i_switch", "Switch", f"{p}/i_merge", f"{p}/cond", shape=S, n_out=2)
+    g.op(f"{p}/i", "Identity", f"{p}/i_switch:1", shape=S)
+    _const(g, f"{p}/one", 1, f"^{p}/i")
+    g.op(f"{p}/i_step", step_op, f"{p}/i", f"{p}/one", shape=S)
+    g.op(f"{p}/i_next", "NextIteration", f"{p}/i_step", shape=S)
+    g.op(f"{p}/i_exit", "Exit", f"{p}/i_switch", shape=S)
+
+
+def v1_stack_graph(static_bound: bool = True) -> G:
+    """A forward loop of 5 steps computes h = Op(x) and pushes it on a stack; the gradient
+    loop counts down from the forward count, pops h and computes g = Op(h), which leaves
+    the loop and is read by `after`."""
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    _const(g, "zero", 0)
+    if static_bound:
+        _const(g, "five", 5)
+    else:
+        g.op("five", "Placeholder", shape=S, dtype=INT32)
+    g.op("stack", "StackV2", "five", shape=S)
+    _counter_loop(g, "fwd", b"fwd", "zero", "five", "Add", "Less")
+    _enter(g, "fwd/x_enter", "x", b"fwd", True, shape=N)
+    g.op("fwd/h", "Op", "fwd/x_enter", "^fwd/i", shape=N)
+    _enter(g, "fwd/stack_enter", "stack", b"fwd", True)
+    g.op("fwd/push", "StackPushV2", "fwd/stack_enter", "fwd/h", shape=N)
+    _const(g, "bwd_zero", 0)
+    _counter_loop(g, "bwd", b"bwd", "fwd/i_exit", "bwd_zero", "Sub", "Greater")
+    _enter(g, "bwd/stack_enter", "stack", b"bwd", True)
+    g.op("bwd/pop", "StackPopV2", "bwd/stack_enter", "^bwd/i", shape=N)
+    g.op("bwd/g", "Op", "bwd/pop", shape=N)
+    g.op("bwd/g_exit", "Exit", "bwd/g", shape=N)
+    g.op("after", "Op", "bwd/g_exit", shape=N)
+    return g
+
+
+def test_v1_trip_counts_of_a_counting_loop_and_its_gradient_loop():
+    facts = analyze_loops(v1_stack_graph().index(), None)
+    trips = {lp.name: (lp.trip_count, lp.accumulators) for lp in facts.loops}
+    assert trips == {"fwd": (5, 1), "bwd": (5, 0)}  # bwd counts down from fwd's final 5
+
+
+def test_v1_stack_holds_every_step_until_the_gradient_loop_ends():
+    ix = v1_stack_graph().index()
+    est = estimate_memory(ix, keep_timeline=True)
+    # at h: x + h + the 4 earlier steps of the stack = 6U; at g: the 4 earlier steps,
+    # the popped h (its own buffer, handed back by the pop) and g = 6U again
+    assert est.peak_bytes == 6 * U
+    assert est.timeline[-1] == 2 * U  # g and `after`: the stack went with the gradient loop
+    names = {t.name: t.bytes for t in est.live_at_peak}
+    assert names["fwd/push (4 earlier steps)"] == 4 * U
+    assert est.notes == []
+
+
+def test_v1_unknown_trip_count_is_reported_and_counted_as_one_step():
+    ix = v1_stack_graph(static_bound=False).index()
+    est = estimate_memory(ix)
+    assert est.peak_bytes == 2 * U  # x + h, then h + g, then g + after
+    assert len(est.notes) == 1
+    assert "loop fwd: trip count unknown" in est.notes[0]
+    assert "accumulators counted as one step" in est.notes[0]
+
+
+def test_static_values_and_trip_arithmetic():
+    node = protos.GraphDef().node.add(name="c", op="Const")
+    node.attr["value"].tensor.dtype = INT32
+    node.attr["value"].tensor.tensor_shape.dim.add(size=3)
+    node.attr["value"].tensor.int_val.append(7)
+    assert const_ints(node) == [7, 7, 7]  # TF writes a repeated value once
+    empty = protos.GraphDef().node.add(name="z", op="Const")
+    empty.attr["value"].tensor.dtype = INT32
+    assert const_ints(empty) == 0  # no value written: zero
+    assert trip_from_compare("Less", 0, 1, 12) == 12
+    assert trip_from_compare("LessEqual", 0, 1, 12) == 13
+    assert trip_from_compare("Less", 0, 5, 12) == 3
+    assert trip_from_compare("GreaterEqual", 12, -1, 1) == 12
+    assert trip_from_compare("Less", 0, -1, 12) is None  # never reaches the bound
+
+
+# ---- loops built with TensorFlow --------------------------------------------------------
+T, B, W = 7, 8, 256  # trip count, batch, width: one step's tensor is B*W*4 = 8 KiB
+
+
+def _tf_loop_graph(v2: bool):
+    """h_{t+1} = tanh(h_t * w), T steps, gradient wrt w. The gradient needs, per step,
+    h_t (for d/dw of the product) and tanh's output (for TanhGrad): 2 x 8 KiB a step."""
+    tf = pytest.importorskip("tensorflow")
+    v1 = tf.compat.v1
+    (v1.enable_control_flow_v2 if v2 else v1.disable_control_flow_v2)()
+    try:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = v1.placeholder(tf.float32, [None, W], name="x")
+            w = v1.get_variable("w", [W], initializer=v1.ones_initializer(), use_resource=True)
+            _, h = tf.while_loop(lambda i, h: i < T, lambda i, h: (i + 1, tf.tanh(h * w)),
+                                 [tf.constant(0), x])
+            loss = tf.reduce_sum(h)
+            v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        graph_def = graph.as_graph_def(add_shapes=True)
+    finally:
+        v1.enable_control_flow_v2()
+    from graphmem.graph.index import GraphIndex
+    from graphmem.graph.opdefs import OpRegistry
+
+    graph_def_ours = protos.GraphDef()
+    graph_def_ours.ParseFromString(graph_def.SerializeToString())
+    graph_def = graph_def_ours
+    return GraphIndex.build(graph_def, OpRegistry.for_graph(graph_def))
+
+
+def test_tf_v1_loop_stacks_are_sized_by_the_trip_count():
+    ix = _tf_loop_graph(v2=False)
+    facts = analyze_loops(ix, B)
+    forward = [lp for lp in facts.loops if lp.accumulators]
+    assert [lp.trip_count for lp in forward] == [T]
+    step = B * W * 4
+    pushed = {ix.tensor_name(ix.data_inputs[p][1]): n for p, n in facts.push_steps.items()
+              if ix.shape(ix.data_inputs[p][1]) == [-1, W]}
+    assert sorted(pushed.values()) == [T, T]  # h_t and tanh(h_t * w)
+    est = estimate_memory(ix, B, top=20)
+    stacks = sum(t.bytes for t in est.live_at_peak if "earlier steps" in t.name
+                 and t.shape == [T - 1, -1, W])
+    assert stacks == 2 * (T - 1) * step
+    assert est.peak_bytes >= 2 * T * step
+
+
+def test_tf_v2_loop_accumulators_are_sized_by_the_trip_count():
+    ix = _tf_loop_graph(v2=True)
+    facts = analyze_loops(ix, B)
+    forward = [lp for lp in facts.loops if lp.accumulators]
+    assert len(forward) == 1 and forward[0].trip_count == T and forward[0].kind == "v2"
+    step = B * W * 4
+    w = ix.id_of[forward[0].name]
+    lists = sorted(b for (i, _), b in facts.output_bytes.items() if i == w and b >= step)
+    assert lists == [T * step, T * step]  # h_t and tanh(h_t * w), T steps each
+    assert facts.body_peak[w] > 0  # one iteration's own tensors while the While runs
+    est = estimate_memory(ix, B)
+    assert est.peak_bytes >= 2 * T * step
+    assert est.notes == []
