@@ -30,10 +30,26 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     optimized = GraphIndex.build(graph, ws.registry)
     shapes, types = infer_shapes(graph, batch_size)
     optimized.set_shapes(shapes, types, override=True)
+    optimized.set_shapes(_loop_shapes(index), {}, override=True)
     opt_regions = analyze_regions(optimized, backward_scopes, batch_size)
     return estimate_memory(optimized, batch_size, top=top,
                            nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline,
                            host_device=host_device)
+
+
+def _loop_shapes(index: GraphIndex) -> dict[str, list]:
+    """Shapes the graph carries for ops inside v1 loops, by name. TensorFlow's shape
+    inference of a bare GraphDef leaves most of a loop body unknown (a Merge waits for its
+    back edge), while the graph as built kept them; Grappler keeps most names."""
+    if not any(index.frame):
+        return {}
+    found = {}
+    for i, f in enumerate(index.frame):
+        if f:
+            shapes = index.shapes_of(i)
+            if shapes is not None:
+                found[index.names[i]] = shapes
+    return found
 
 
 def _sinks(index: GraphIndex, regions: Regions) -> list[int]:

@@ -164,6 +164,13 @@ class StaticValues:
             return self.args.get(node.attr["index"].i) if "index" in node.attr else None
         if op in _FORWARDS:
             return self.value(ins[0], depth + 1) if ins else None
+        if op in ("Merge", "RefMerge") and len(ins) == 2 and k == 0:
+            # a value a loop passes on unchanged (lowered v2 loops carry their bounds so)
+            entry, back = ins
+            if ix.ops[back[0]] in ("NextIteration", "RefNextIteration") and ix.data_inputs[
+                    back[0]] and _passes_through(ix, ix.data_inputs[back[0]][0][0], i):
+                return self.value(entry, depth + 1)
+            return None
         if op == "Shape" and ins:
             shape = ix.shape(ins[0])
             if shape is None:
@@ -200,6 +207,17 @@ class StaticValues:
             end = len(vec)
         part = vec[begin:end]
         return part if all(d >= 0 for d in part) else None
+
+
+def _passes_through(ix: GraphIndex, i: int, merge: int) -> bool:
+    """Whether op i is `merge`'s own value, through Identity and Switch ops."""
+    for _ in range(6):
+        if i == merge:
+            return True
+        if ix.ops[i] not in ("Identity", "Switch", "RefSwitch") or not ix.data_inputs[i]:
+            return False
+        i = ix.data_inputs[i][0][0]
+    return i == merge
 
 
 def _as_scalar(v) -> int | None:
@@ -276,14 +294,15 @@ def _v1_stacks(index: GraphIndex, values: StaticValues, facts: LoopFacts) -> Non
         if all(t[0] is not None for t in trips.values()) or \
                 not _final_counters(index, values, trips):
             break
-    # stacks: StackV2 -> its pushes and pops, found through the Enter that carries the handle
+    # accumulators: a StackV2, or a tensor list in a lowered v2 loop (EmptyTensorList
+    # carried through the frames), with its pushes and pops
     pushes: dict[int, list[int]] = {}
     pops: dict[int, list[int]] = {}
     for i in range(len(index)):
-        if ops[i] in ("StackPushV2", "StackPopV2") and ins[i]:
-            stack = _source(index, ins[i][0][0])
-            if ops[stack] == "StackV2":
-                (pushes if ops[i] == "StackPushV2" else pops).setdefault(stack, []).append(i)
+        if ops[i] in _PUSH_POP and ins[i] and frame[i]:
+            root = _accumulator_root(index, ins[i][0][0])
+            if ops[root] in _ACCUMULATORS:
+                (pushes if ops[i] in _PUSHES else pops).setdefault(root, []).append(i)
     counted: dict[str, int] = {}
     for stack, push_list in pushes.items():
         for p in push_list:
@@ -331,6 +350,25 @@ def _final_counters(index: GraphIndex, values: StaticValues,
     if found:
         values.forget()
     return found
+
+
+_PUSHES = frozenset({"StackPushV2", "TensorListPushBack"})
+_PUSH_POP = _PUSHES | {"StackPopV2", "TensorListPopBack"}
+_ACCUMULATORS = frozenset({"StackV2", "EmptyTensorList", "TensorListReserve"})
+_CARRIERS = frozenset({"Identity", "Enter", "RefEnter", "Exit", "RefExit", "Switch",
+                       "RefSwitch", "Merge", "RefMerge", "TensorListPushBack",
+                       "TensorListPopBack"})
+
+
+def _accumulator_root(index: GraphIndex, i: int) -> int:
+    """The StackV2 or tensor list behind a handle: up through Enter / Identity, and for a
+    lowered v2 loop's list through Merge (its entry), Switch, Exit and earlier pushes."""
+    ops, ins = index.ops, index.data_inputs
+    for _ in range(32):
+        if ops[i] not in _CARRIERS or not ins[i]:
+            break
+        i = ins[i][0][0]
+    return i
 
 
 def _source(index: GraphIndex, i: int) -> int:

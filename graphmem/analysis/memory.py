@@ -27,6 +27,7 @@ ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopG
                           "RefNextIteration", "LoopCond", "Switch", "RefSwitch",
                           "StackPushV2"})
 _BACK_EDGES = frozenset({"NextIteration", "RefNextIteration"})
+_POP_OUTPUT = {"TensorListPopBack": 1}  # the popped element (StackPopV2: output 0)
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}
 # Element-wise kernels that write into an input buffer when nothing else reads it any more
 # (TF's forward_input_or_allocate_output).
@@ -143,7 +144,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     list_bytes = loops.output_bytes if loops else {}
     body_peak = loops.body_peak if loops else {}
     release_at = loops.release_positions(order, index.frame) if loops else {}
-    releases: dict[int, list[Tensor]] = {}
+    frame_end = _frame_ends(order, index.frame)
+    releases: dict[int, list[Tensor]] = {}  # position -> buffers read for the last time
     held: dict[Tensor, Tensor] = {}  # pushed tensor -> the buffer its push holds
     held_buffers: set[Tensor] = set()
     end = len(order)
@@ -159,7 +161,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     buffer_of: dict[Tensor, Tensor] = {}
     live = 0
     live_dev: dict[str, int] = {}
-    ops, data_inputs, consumers = index.ops, index.data_inputs, index.consumers
+    ops, data_inputs, consumers, frame = index.ops, index.data_inputs, index.consumers, \
+        index.frame
     num_outputs = index.num_outputs
     sizes_of = index.output_bytes(batch_size)
     for p, i in enumerate(order):
@@ -173,8 +176,11 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             for c in consumers.get(t, ()):
                 readers += member[c]
             if op in _BACK_EDGES:
-                readers = 0  # its Merge ran already: the simulation runs a body once
-            if k == 0 and i in pop_source and pop_source[i] in held:
+                # the next iteration reads it; in the one run of the body, that is the
+                # loop's end (its Merge ran already)
+                readers = 1
+                releases.setdefault(max(frame_end.get(index.frame[i], p), p), []).append(t)
+            if i in pop_source and k == _POP_OUTPUT.get(op, 0) and pop_source[i] in held:
                 buf = held.pop(pop_source[i])  # the pop hands back the pushed buffer
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers - 1
@@ -188,6 +194,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 pending[buf] = pending.get(buf, 0) + readers
                 continue
             b = list_bytes.get(t) if t in list_bytes else sizes_of(i)[k]
+            if b is None and frame[i] and k == 0:
+                b = _loop_body_size(op, inputs, buffer_of, size)
             if b is None:
                 run.unknown += 1
                 b = 0
@@ -243,7 +251,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             buf = buffer_of.get((i, k))
             if buf is not None:
                 touched.add(buf)
-        touched.update(releases.pop(p, ()))
+        for t in releases.pop(p, ()):
+            buf = buffer_of.get(t, t)
+            pending[buf] = pending.get(buf, 0) - 1
+            touched.add(buf)
         for buf in touched:
             if pending.get(buf, 0) <= 0 and buf in size:
                 b = size.pop(buf)
@@ -277,7 +288,8 @@ def _hold_stack(push, element, steps, release, held, held_buffers, releases, buf
         return 0
     acc = (push, _STACK)
     size[acc] = b
-    pending[acc] = 0
+    buffer_of[acc] = acc
+    pending[acc] = 1  # read once more, by the end of the gradient loop
     releases.setdefault(release, []).append(acc)
     live_dev[dev] = live_dev.get(dev, 0) + b
     if dev == host:
@@ -286,6 +298,31 @@ def _hold_stack(push, element, steps, release, held, held_buffers, releases, buf
     if born is not None:
         born[acc] = p
     return b
+
+
+def _loop_body_size(op: str, inputs: list[Tensor], buffer_of, size) -> int | None:
+    """The size of an output inside a v1 loop whose shape TF's inference left unknown (a
+    Merge waits for its back edge, and what follows inherits the gap): a Merge carries
+    its entry value's size, an element-wise op its largest input's."""
+    if op in ("Merge", "RefMerge"):
+        known = inputs[:1]
+    elif op in FORWARDING_OPS:
+        known = inputs
+    else:
+        return None
+    sizes = [size.get(buffer_of.get(t)) for t in known]
+    sizes = [b for b in sizes if b]
+    return max(sizes) if sizes else None
+
+
+def _frame_ends(order: list[int], frame: list[str]) -> dict[str, int]:
+    """The position of the last op of each v1 loop frame (none for graphs without)."""
+    last: dict[str, int] = {}
+    for p, i in enumerate(order):
+        f = frame[i]
+        if f:
+            last[f] = p
+    return last
 
 
 def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
