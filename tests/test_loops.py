@@ -179,3 +179,47 @@ def test_tf_v2_loop_accumulators_are_sized_by_the_trip_count():
     est = estimate_memory(ix, B)
     assert est.peak_bytes >= 2 * T * step
     assert est.notes == []
+
+
+def test_keras_lstm_train_step_is_found_and_its_loop_sized(tmp_path):
+    """A TF2 SavedModel whose train step runs a Keras LSTM (a v2 While in the step's
+    function): the loop's body and gradient functions are not taken for train steps, and
+    the loop's accumulators are counted for its 20 steps."""
+    tf = pytest.importorskip("tensorflow")
+    import json
+
+    from tests.conftest import run_cli
+
+    class Step(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = tf.keras.layers.LSTM(32)
+            self.dense = tf.keras.layers.Dense(4)
+            self.opt = tf.keras.optimizers.SGD(0.1)
+            self.lstm.build((None, 20, 8))
+            self.dense.build((None, 32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 20, 8], tf.float32),
+                                      tf.TensorSpec([None], tf.int32)])
+        def train_step(self, x, y):
+            with tf.GradientTape() as tape:
+                logits = self.dense(self.lstm(x))
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                    y, logits, from_logits=True))
+            variables = self.lstm.trainable_variables + self.dense.trainable_variables
+            self.opt.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+            return loss
+
+    step = Step()
+    tf.saved_model.save(step, str(tmp_path / "sm"), signatures={"train_step": step.train_step})
+    result = run_cli("inspect", tmp_path / "sm", "--batch-size", "16", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["model"]["function"].startswith("__inference_train_step")
+    loops = doc["control_flow"]["loops"]
+    forward = [lp for lp in loops if lp["accumulators"]]
+    assert [lp["trip_count"] for lp in forward] == [20]
+    assert doc["estimate_notes"] == []
+    # one step of the cell keeps at least its input and state, 16 x (8 + 32) floats, for
+    # each of the 20 steps
+    assert doc["estimated_peak_bytes"] >= 20 * 16 * (8 + 32) * 4
