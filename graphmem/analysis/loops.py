@@ -97,9 +97,10 @@ def analyze_loops(index: GraphIndex, batch_size: int | None,
     facts = LoopFacts()
     ops = index.ops
     has_v1 = any(index.frame)
-    whiles = [i for i in range(len(index)) if ops[i] in _WHILE]
-    if not has_v1 and not whiles and "TensorListFromTensor" not in ops:
-        return facts
+    op_types = set(ops)
+    if not has_v1 and not op_types & (_WHILE | {"TensorListFromTensor"}):
+        return facts  # most graphs: two quick scans, nothing to size
+    whiles = [i for i in range(len(index)) if ops[i] in _WHILE] if op_types & _WHILE else []
     values = StaticValues(index, batch_size)
     if has_v1:
         _v1_stacks(index, values, facts)
