@@ -72,18 +72,18 @@ class LoopFacts:
         return [f"loop {lp.name}: trip count unknown ({lp.how}), accumulators counted as "
                 "one step" for lp in self.loops if lp.trip_count is None and lp.accumulators]
 
-    def release_positions(self, order: list[int], frame: list[str]) -> dict[int, int]:
-        """For each push, the position in `order` after which its stack is freed: the last
-        op of the outermost frame its pops run in (the end of the gradient loop)."""
+    def release_positions(self, frame_end: dict[str, int]) -> dict[int, int]:
+        """For each push, the position after which its accumulator is freed: the last op
+        of the outermost frame its pops run in (the end of the gradient loop), from the
+        last position of each frame in the simulated order."""
         if not self.release_frame:
             return {}
         last: dict[str, int] = {}
-        outer = self.outer_frame
-        for p, i in enumerate(order):
-            f = frame[i]
-            if f:
-                last[outer.get(f, f)] = p
-        end = len(order) - 1
+        for f, p in frame_end.items():
+            top = self.outer_frame.get(f, f)
+            if p > last.get(top, -1):
+                last[top] = p
+        end = max(frame_end.values(), default=0)
         return {push: last.get(f, end) for push, f in self.release_frame.items()}
 
     def is_empty(self) -> bool:

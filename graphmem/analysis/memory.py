@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.loops import LoopFacts, allocation_bytes, analyze_loops, element_view
+from google.protobuf.message import Message
+
+from graphmem.analysis.loops import Loop, LoopFacts, allocation_bytes, analyze_loops, element_view
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
@@ -60,7 +62,7 @@ class MemoryEstimate:
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
     host_peak_bytes: int = 0  # peak on the host device when it is excluded (swap)
     ops_in_step: int = 0
-    loops: list = field(default_factory=list)  # loops.Loop: trip counts and how found
+    loops: list[Loop] = field(default_factory=list)  # trip counts and how they were found
     notes: list[str] = field(default_factory=list)  # where the estimate is known to be short
 
 
@@ -69,7 +71,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     order: list[int] | None = None,
                     nodes: set[int] | None = None,
                     schedule: str = "executor",
-                    host_device: str | None = None, library=None,
+                    host_device: str | None = None, library: Message | None = None,
                     _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
     in the executor's order (`schedule="executor"`) or the topological one ("topo").
@@ -131,11 +133,12 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
 
-    Loops (see loops.py): a v1 stack push keeps its element alive until its pop (the pop's
-    output is that buffer) and allocates the stack's earlier elements, freed after the
-    gradient loop's last op; v2 list outputs take their sizes from `loops.output_bytes`,
-    list element reads allocate nothing, and a While op holds its body's peak while it
-    runs."""
+    Loops (see loops.py): a value a v1 loop pushes (on a stack, or on a tensor list in a
+    lowered v2 loop) stays alive from its producer until its pop (the pop's output is that
+    buffer), and the accumulator's earlier elements are allocated with it and freed after
+    the gradient loop's last op; a NextIteration's value lives to its loop's end; v2 list
+    outputs take their sizes from `loops.output_bytes`, list element reads allocate
+    nothing, and a While op holds its body's peak while it runs."""
     run = _Run()
     loops = loops if loops is not None and not loops.is_empty() else None
     push_steps = loops.push_steps if loops else {}
@@ -143,8 +146,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     pop_source = loops.pop_source if loops else {}
     list_bytes = loops.output_bytes if loops else {}
     body_peak = loops.body_peak if loops else {}
-    release_at = loops.release_positions(order, index.frame) if loops else {}
     frame_end = _frame_ends(order, index.frame)
+    release_at = loops.release_positions(frame_end) if loops else {}
     releases: dict[int, list[Tensor]] = {}  # position -> buffers read for the last time
     held: dict[Tensor, Tensor] = {}  # pushed tensor -> the buffer its push holds
     held_buffers: set[Tensor] = set()
@@ -272,8 +275,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
 
 def _hold_stack(push, element, steps, release, held, held_buffers, releases, buffer_of,
                 pending, size, run, born, p, dev, host, live_dev) -> int:
-    """A value a v1 StackPushV2 will push, just computed: it stays alive until its pop, and
-    the stack's earlier `steps - 1` elements of the same size (each its own allocation,
+    """A value a v1 loop will push (StackPushV2, TensorListPushBack), just computed: it
+    stays alive until its pop, and the accumulator's earlier `steps - 1` elements of the same size (each its own allocation,
     rounded up as TF's BFC allocator does) are allocated now and freed after position
     `release` (the gradient loop's last op). A buffer pushed by several stacks is held and
     counted once. Returns the bytes added to the device being estimated."""
