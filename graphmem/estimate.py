@@ -6,7 +6,7 @@ from __future__ import annotations
 from graphmem.analysis.memory import MemoryEstimate, estimate_memory
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.errors import UsageError
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import CONTROL_FLOW_V2, GraphIndex
 from graphmem.graph.workspace import Workspace
 
 
@@ -38,17 +38,18 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
 
 
 def _loop_shapes(index: GraphIndex) -> dict[str, list]:
-    """Shapes the graph carries for ops inside v1 loops, by name. TensorFlow's shape
+    """Shapes the graph carries, by name, for graphs with loops. TensorFlow's shape
     inference of a bare GraphDef leaves most of a loop body unknown (a Merge waits for its
-    back edge), while the graph as built kept them; Grappler keeps most names."""
-    if not any(index.frame):
+    back edge, a lowered v2 loop's lists lose their element shapes, and what follows the
+    loop inherits the gap), while the graph as built kept them; Grappler keeps most
+    names. Graphs without loops are left to the inference alone."""
+    if not any(index.frame) and not any(op in CONTROL_FLOW_V2 for op in set(index.ops)):
         return {}
     found = {}
-    for i, f in enumerate(index.frame):
-        if f:
-            shapes = index.shapes_of(i)
-            if shapes is not None:
-                found[index.names[i]] = shapes
+    for i in range(len(index)):
+        shapes = index.shapes_of(i)
+        if shapes is not None:
+            found[index.names[i]] = shapes
     return found
 
 

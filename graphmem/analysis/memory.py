@@ -226,7 +226,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             for k in range(num_outputs[i]):
                 push = pushed.get((i, k))
                 if push is not None and member[push]:
-                    live += _hold_stack(push, (i, k), push_steps[push],
+                    # an element read from a list is a reference into it: the list may go,
+                    # the accumulator keeps the element
+                    ref = (sizes_of(i)[k] or 0) if element_view(op, k) else 0
+                    live += _hold_stack(push, (i, k), ref, push_steps[push],
                                         max(release_at.get(push, end), p), held, held_buffers,
                                         releases, buffer_of, pending, size, run,
                                         born if track_lives else None, p, device_of[push],
@@ -273,20 +276,25 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     return run
 
 
-def _hold_stack(push, element, steps, release, held, held_buffers, releases, buffer_of,
-                pending, size, run, born, p, dev, host, live_dev) -> int:
+def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, releases,
+                buffer_of, pending, size, run, born, p, dev, host, live_dev) -> int:
     """A value a v1 loop will push (StackPushV2, TensorListPushBack), just computed: it
     stays alive until its pop, and the accumulator's earlier `steps - 1` elements of the same size (each its own allocation,
     rounded up as TF's BFC allocator does) are allocated now and freed after position
     `release` (the gradient loop's last op). A buffer pushed by several stacks is held and
-    counted once. Returns the bytes added to the device being estimated."""
+    counted once. `ref_bytes`: the size of an element the simulation counts nowhere (a
+    reference into a tensor list), all `steps` of which the accumulator then holds.
+    Returns the bytes added to the device being estimated."""
     buf = buffer_of.get(element)
     if buf is None or buf not in size or buf in held_buffers:
         return 0
     held[element] = buf
     held_buffers.add(buf)
     pending[buf] = pending.get(buf, 0) + 1  # read again by the pop
-    b = allocation_bytes(size[buf]) * max(steps - 1, 0)
+    if size[buf]:
+        b = allocation_bytes(size[buf]) * max(steps - 1, 0)
+    else:
+        b = allocation_bytes(ref_bytes) * steps
     if not b:
         return 0
     acc = (push, _STACK)
