@@ -94,6 +94,17 @@ def test_v1_stack_holds_every_step_until_the_gradient_loop_ends():
     assert est.notes == []
 
 
+def test_v1_exit_runs_after_its_loop_body():
+    """The order runs a body once; an Exit is ready right after its Switch but must wait
+    for the body, or the gradient loop would pop before the forward loop pushed."""
+    from graphmem.analysis.schedule import executor_order
+
+    ix = v1_stack_graph().index()
+    pos = {ix.names[i]: p for p, i in enumerate(executor_order(ix))}
+    assert pos["fwd/i_exit"] > max(pos["fwd/h"], pos["fwd/push"], pos["fwd/i_next"])
+    assert pos["bwd/pop"] > pos["fwd/push"]
+
+
 def test_v1_unknown_trip_count_is_reported_and_counted_as_one_step():
     ix = v1_stack_graph(static_bound=False).index()
     est = estimate_memory(ix)
@@ -223,3 +234,23 @@ def test_keras_lstm_train_step_is_found_and_its_loop_sized(tmp_path):
     # one step of the cell keeps at least its input and state, 16 x (8 + 32) floats, for
     # each of the 20 steps
     assert doc["estimated_peak_bytes"] >= 20 * 16 * (8 + 32) * 4
+
+
+def test_grappler_lowered_v2_loop_keeps_its_sizes():
+    """On Grappler's graph a v2 While is lowered to v1 frames whose tensor lists carry the
+    accumulators: the trip count is still found and the lists are sized like stacks."""
+    pytest.importorskip("tensorflow")
+    from graphmem.analysis.inspect import gather_facts
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+    from tests.conftest import fixture_path
+
+    ws = Workspace.open(load_model(fixture_path("lstm_v2")), batch_size=64)
+    graph, _ = gather_facts(ws, 64)
+    lowered, _ = gather_facts(ws, 64, grappler=True)
+    forward = [lp for lp in lowered.control_flow["loops"] if lp.accumulators]
+    assert [(lp.kind, lp.trip_count) for lp in forward] == [("v1", 12)]
+    assert lowered.estimate_notes == []
+    # both hold the 12 steps of the cell's gates, states and inputs (~0.9 MiB): within
+    # 15% of each other
+    assert 0.85 < lowered.estimated_peak_bytes / graph.estimated_peak_bytes < 1.15
