@@ -6,7 +6,7 @@ from __future__ import annotations
 from graphmem.analysis.memory import MemoryEstimate, estimate_memory
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.errors import UsageError
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import CONTROL_FLOW_V2, GraphIndex
 from graphmem.graph.workspace import Workspace
 
 
@@ -17,7 +17,8 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     index = ws.index
     if not grappler:
         return estimate_memory(index, batch_size, top=top, nodes=regions.step_nodes(index),
-                               keep_timeline=keep_timeline, host_device=host_device)
+                               keep_timeline=keep_timeline, host_device=host_device,
+                               library=ws.model.graph_def.library)
     if ws.view is not None:
         raise UsageError("--grappler estimates TF1 graphs; TF2 train steps are optimized "
                          "when TensorFlow loads them")
@@ -29,10 +30,27 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     optimized = GraphIndex.build(graph, ws.registry)
     shapes, types = infer_shapes(graph, batch_size)
     optimized.set_shapes(shapes, types, override=True)
+    optimized.set_shapes(_loop_shapes(index), {}, override=True)
     opt_regions = analyze_regions(optimized, backward_scopes, batch_size)
     return estimate_memory(optimized, batch_size, top=top,
                            nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline,
                            host_device=host_device)
+
+
+def _loop_shapes(index: GraphIndex) -> dict[str, list]:
+    """Shapes the graph carries, by name, for graphs with loops. TensorFlow's shape
+    inference of a bare GraphDef leaves most of a loop body unknown (a Merge waits for its
+    back edge, a lowered v2 loop's lists lose their element shapes, and what follows the
+    loop inherits the gap), while the graph as built kept them; Grappler keeps most
+    names. Graphs without loops are left to the inference alone."""
+    if not any(index.frame) and not any(op in CONTROL_FLOW_V2 for op in set(index.ops)):
+        return {}
+    found = {}
+    for i in range(len(index)):
+        shapes = index.shapes_of(i)
+        if shapes is not None:
+            found[index.names[i]] = shapes
+    return found
 
 
 def _sinks(index: GraphIndex, regions: Regions) -> list[int]:

@@ -48,6 +48,7 @@ class InspectFacts:
     shapes_from: str
     estimated_on: str  # "graph" or "grappler"
     timeline: list[int] = field(default_factory=list)
+    estimate_notes: list[str] = field(default_factory=list)  # where the estimate may be short
 
 
 def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
@@ -104,7 +105,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         variables={"count": len(variables), "total_bytes": sum(v.bytes or 0 for v in variables),
                    "largest": sorted(variables, key=lambda v: -(v.bytes or 0))[:top]},
         devices=dict(devices),
-        control_flow={"v1_frames": frames, "v2_ops": v2},
+        control_flow={"v1_frames": frames, "v2_ops": v2, "loops": mem.loops},
         estimated_peak_bytes=mem.peak_bytes,
         persistent_bytes=mem.persistent_bytes,
         peak={"op": mem.peak_op, "position": mem.peak_position, "of": mem.ops_in_step,
@@ -114,5 +115,6 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         shapes_from="tensorflow" if ws.shapes_from_tensorflow else "graph",
         estimated_on="grappler" if grappler else "graph",
         timeline=mem.timeline,
+        estimate_notes=mem.notes,
     )
     return facts, regions

@@ -9,16 +9,27 @@ are persistent and reported apart from the step's peak.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass, field
 
+from google.protobuf.message import Message
+
+from graphmem.analysis.loops import Loop, LoopFacts, allocation_bytes, analyze_loops, element_view
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_bytes
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
                           "Snapshot", "PreventGradient", "IdentityN", "EnsureShape",
-                          "RefIdentity", "CheckNumerics", "PlaceholderWithDefault"})
+                          "RefIdentity", "CheckNumerics", "PlaceholderWithDefault",
+                          # control flow v1 passes tensors on without copying them. A
+                          # Merge is left out: the simulation runs a loop body once, as its
+                          # last iteration, whose Merge yields the previous iteration's
+                          # value, a buffer of its own
+                          "Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
+                          "RefNextIteration", "LoopCond", "Switch", "RefSwitch",
+                          "StackPushV2"})
+_BACK_EDGES = frozenset({"NextIteration", "RefNextIteration"})
+_POP_OUTPUT = {"TensorListPopBack": 1}  # the popped element (StackPopV2: output 0)
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}
 # Element-wise kernels that write into an input buffer when nothing else reads it any more
 # (TF's forward_input_or_allocate_output).
@@ -51,6 +62,8 @@ class MemoryEstimate:
     unknown_tensors: int = 0  # outputs whose size could not be known (counted as 0)
     host_peak_bytes: int = 0  # peak on the host device when it is excluded (swap)
     ops_in_step: int = 0
+    loops: list[Loop] = field(default_factory=list)  # trip counts and how they were found
+    notes: list[str] = field(default_factory=list)  # where the estimate is known to be short
 
 
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
@@ -58,28 +71,46 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     order: list[int] | None = None,
                     nodes: set[int] | None = None,
                     schedule: str = "executor",
-                    host_device: str | None = None) -> MemoryEstimate:
+                    host_device: str | None = None, library: Message | None = None,
+                    _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
     in the executor's order (`schedule="executor"`) or the topological one ("topo").
     With `host_device`, buffers on that device are left out of the peak and reported as
-    `host_peak_bytes` (the device being saved is everything else)."""
+    `host_peak_bytes` (the device being saved is everything else). `library` holds the
+    bodies of v2 While ops (default: the graph's own library); loops are sized by
+    loops.analyze_loops."""
     if order is None:
         order = executor_order(index, nodes, batch_size) if schedule == "executor" \
             else index.topo
     if nodes is not None:
         order = [i for i in order if i in nodes]
     host = normalize_device(host_device) if host_device else None
-    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top))
+    loops = analyze_loops(index, batch_size, library, _loop_depth)
+    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top),
+                    loops=loops)
     live_at_peak: list[LiveTensor] = []
     if top and order:  # the buffers whose lifetime spans the peak
         at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
                    if born <= run.peak_pos <= freed]
         at_peak.sort()  # largest first, then in the order they were allocated
-        live_at_peak = [LiveTensor(index.tensor_name(buf), -b, index.shape(buf))
-                        for b, _, buf in at_peak[:top]]
+        live_at_peak = [_live_tensor(index, loops, buf, -b) for b, _, buf in at_peak[:top]]
     return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
                           index.names[order[run.peak_pos]] if order else "", live_at_peak,
-                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order))
+                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order),
+                          loops.loops, loops.notes)
+
+
+def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:
+    if buf[1] == _STACK:  # the earlier elements of a v1 stack, named after its push
+        steps = loops.push_steps.get(buf[0], 1)
+        ins = index.data_inputs[buf[0]]
+        elem = index.shape(ins[1]) if len(ins) > 1 else None
+        return LiveTensor(f"{index.names[buf[0]]} ({steps - 1} earlier steps)", b,
+                          [steps - 1, *elem] if elem is not None else None)
+    return LiveTensor(index.tensor_name(buf), b, index.shape(buf))
+
+
+_STACK = -1  # output index of the virtual buffer that holds a v1 stack's earlier elements
 
 
 @dataclass
@@ -96,76 +127,93 @@ class _Run:
 
 
 def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
-              keep_timeline: bool, track_lives: bool = False) -> _Run:
+              keep_timeline: bool, track_lives: bool = False,
+              loops: LoopFacts | None = None) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
 
-    Tensors are numbered (`first[i] + k` for output k of node i) so that the per-buffer
-    state lives in flat lists: dicts keyed by (node, output) tuples cost twice as much on
-    100k-node graphs. A buffer is named by the tensor that allocated it."""
+    Loops (see loops.py): a value a v1 loop pushes (on a stack, or on a tensor list in a
+    lowered v2 loop) stays alive from its producer until its pop (the pop's output is that
+    buffer), and the accumulator's earlier elements are allocated with it and freed after
+    the gradient loop's last op; a NextIteration's value lives to its loop's end; v2 list
+    outputs take their sizes from `loops.output_bytes`, list element reads allocate
+    nothing, and a While op holds its body's peak while it runs."""
     run = _Run()
-    n = len(index)
-    member = bytearray(n)
+    loops = loops if loops is not None and not loops.is_empty() else None
+    push_steps = loops.push_steps if loops else {}
+    pushed = loops.pushed if loops else {}
+    pop_source = loops.pop_source if loops else {}
+    list_bytes = loops.output_bytes if loops else {}
+    body_peak = loops.body_peak if loops else {}
+    frame_end = _frame_ends(order, index.frame)
+    release_at = loops.release_positions(frame_end) if loops else {}
+    releases: dict[int, list[Tensor]] = {}  # position -> buffers read for the last time
+    held: dict[Tensor, Tensor] = {}  # pushed tensor -> the buffer its push holds
+    held_buffers: set[Tensor] = set()
+    end = len(order)
+    member = bytearray(len(index))
     for i in order:
         member[i] = 1
     normal: dict[str, str] = {}
     device_of = [normal[d] if d in normal else normal.setdefault(d, normalize_device(d))
                  for d in index.devices]
-    ops, data_inputs, num_outputs = index.ops, index.data_inputs, index.num_outputs
-    first = [0] * n
-    total = 0
-    for i in range(n):
-        first[i] = total
-        total += num_outputs[i]
-    readers = [0] * total  # reads each tensor gets from ops in the step
-    for (src, k), found in index.consumers.items():
-        if member[src]:
-            count = 0
-            for c in found:
-                count += member[c]
-            readers[first[src] + k] = count
-    buffer_of = [-1] * total  # tensor -> the buffer holding it (-1: not produced yet)
-    pending = [0] * total  # per buffer: reads still to come
-    size = [-1] * total  # per buffer: bytes while live, -1 when not live
-    born: dict[int, int] = {}  # buffer -> position allocated (track_lives)
+    born: dict[Tensor, int] = {}
+    pending: dict[Tensor, int] = {}  # reads still to come, per buffer
+    size: dict[Tensor, int] = {}
+    buffer_of: dict[Tensor, Tensor] = {}
     live = 0
     live_dev: dict[str, int] = {}
+    ops, data_inputs, consumers, frame = index.ops, index.data_inputs, index.consumers, \
+        index.frame
+    num_outputs = index.num_outputs
     sizes_of = index.output_bytes(batch_size)
     for p, i in enumerate(order):
         op = ops[i]
         dev = device_of[i]
-        inputs = [first[s] + k for s, k in data_inputs[i] if member[s]]
-        aliasing = op in ALIASING_OPS and bool(inputs)
-        persistent = op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i))
-        forwarding = op in FORWARDING_OPS
-        sizes = sizes_of(i)
-        base = first[i]
-        taken: set[int] = set()
+        inputs = [t for t in data_inputs[i] if member[t[0]]]
+        taken: set[Tensor] = set()
         for k in range(num_outputs[i]):
-            t = base + k
-            src = _aliased_input(op, k, inputs) if aliasing else -1
-            if src >= 0 and buffer_of[src] >= 0 and device_of[_node_of(first, src)] == dev:
-                buf = buffer_of[src]  # an identity across devices is a copy: it allocates
+            t = (i, k)
+            readers = 0
+            for c in consumers.get(t, ()):
+                readers += member[c]
+            if op in _BACK_EDGES:
+                # the next iteration reads it; in the one run of the body, that is the
+                # loop's end (its Merge ran already)
+                readers = 1
+                releases.setdefault(max(frame_end.get(index.frame[i], p), p), []).append(t)
+            if i in pop_source and k == _POP_OUTPUT.get(op, 0) and pop_source[i] in held:
+                buf = held.pop(pop_source[i])  # the pop hands back the pushed buffer
                 buffer_of[t] = buf
-                pending[buf] += readers[t]
+                pending[buf] = pending.get(buf, 0) + readers - 1
                 continue
-            b = sizes[k]
+            src = _aliased_input(op, k, inputs)
+            if src is not None and device_of[src[0]] != dev:
+                src = None  # an identity across devices is a copy: it allocates
+            if src is not None and src in buffer_of:
+                buf = buffer_of[src]
+                buffer_of[t] = buf
+                pending[buf] = pending.get(buf, 0) + readers
+                continue
+            b = list_bytes.get(t) if t in list_bytes else sizes_of(i)[k]
+            if b is None and frame[i] and k == 0:
+                b = _loop_body_size(op, inputs, buffer_of, size)
             if b is None:
                 run.unknown += 1
                 b = 0
-            if persistent:
+            if op in PERSISTENT_OPS or (op == "Identity" and _reads_variable(index, i)) or \
+                    element_view(op, k):
                 b = 0
-            donor = _forwardable(inputs, buffer_of, pending, size, b, taken) \
-                if b and forwarding else -1
-            if donor >= 0:  # TF reuses an input buffer that this op reads last
+            donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken) if b else None
+            if donor is not None:  # TF reuses an input buffer that this op reads last
                 taken.add(donor)
                 buffer_of[t] = donor
-                pending[donor] += readers[t]
+                pending[donor] = pending.get(donor, 0) + readers
                 continue
             buffer_of[t] = t
             size[t] = b
-            pending[t] = readers[t]
+            pending[t] = readers
             if track_lives and b and dev != host:
                 born[t] = p
             if b:
@@ -174,68 +222,145 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     run.host_peak = max(run.host_peak, live_dev[dev])
                 else:
                     live += b
+        if pushed:
+            for k in range(num_outputs[i]):
+                push = pushed.get((i, k))
+                if push is not None and member[push]:
+                    # an element read from a list is a reference into it: the list may go,
+                    # the accumulator keeps the element
+                    ref = (sizes_of(i)[k] or 0) if element_view(op, k) else 0
+                    live += _hold_stack(push, (i, k), ref, push_steps[push],
+                                        max(release_at.get(push, end), p), held, held_buffers,
+                                        releases, buffer_of, pending, size, run,
+                                        born if track_lives else None, p, device_of[push],
+                                        host, live_dev)
+        extra = body_peak.get(i, 0)  # a While's body, one iteration at a time
+        if extra:
+            live += extra
+            live_dev[dev] = live_dev.get(dev, 0) + extra
         if keep_timeline:
             run.timeline.append(live)
         if live > run.peak:
             run.peak, run.peak_pos = live, p
         if live_dev.get(dev, 0) > run.peak_dev.get(dev, 0):
             run.peak_dev[dev] = live_dev[dev]
+        if extra:
+            live -= extra
+            live_dev[dev] -= extra
         touched = set()
         for t in inputs:  # one read per input slot
-            buf = buffer_of[t]
-            if buf >= 0:
-                pending[buf] -= 1
+            buf = buffer_of.get(t)
+            if buf is not None:
+                pending[buf] = pending.get(buf, 0) - 1
                 touched.add(buf)
-        for t in range(base, base + num_outputs[i]):
-            buf = buffer_of[t]
-            if buf >= 0:
+        for k in range(num_outputs[i]):
+            buf = buffer_of.get((i, k))
+            if buf is not None:
                 touched.add(buf)
+        for t in releases.pop(p, ()):
+            buf = buffer_of.get(t, t)
+            pending[buf] = pending.get(buf, 0) - 1
+            touched.add(buf)
         for buf in touched:
-            b = size[buf]
-            if b >= 0 and pending[buf] <= 0:
-                size[buf] = -1
-                pending[buf] = 0
+            if pending.get(buf, 0) <= 0 and buf in size:
+                b = size.pop(buf)
+                pending.pop(buf, None)
                 if buf in born:
-                    run.lifetimes.append((_tensor_of(first, buf), b, born.pop(buf), p))
+                    run.lifetimes.append((buf, b, born.pop(buf), p))
                 if b:
-                    d = device_of[_node_of(first, buf)]
+                    d = device_of[buf[0]]
                     live_dev[d] -= b
                     if d != host:
                         live -= b
-    end = len(order)
-    run.lifetimes.extend((_tensor_of(first, buf), size[buf], p, end) for buf, p in born.items())
+    run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
     return run
 
 
-def _node_of(first: list[int], t: int) -> int:
-    """The node whose outputs include tensor number t (the last node starting at or before
-    it: nodes without outputs share their successor's start)."""
-    return bisect_right(first, t) - 1
+def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, releases,
+                buffer_of, pending, size, run, born, p, dev, host, live_dev) -> int:
+    """A value a v1 loop will push (StackPushV2, TensorListPushBack), just computed: it
+    stays alive until its pop, and the accumulator's earlier `steps - 1` elements of the same size (each its own allocation,
+    rounded up as TF's BFC allocator does) are allocated now and freed after position
+    `release` (the gradient loop's last op). A buffer pushed by several stacks is held and
+    counted once. `ref_bytes`: the size of an element the simulation counts nowhere (a
+    reference into a tensor list), all `steps` of which the accumulator then holds.
+    Returns the bytes added to the device being estimated."""
+    buf = buffer_of.get(element)
+    if buf is None or buf not in size or buf in held_buffers:
+        return 0
+    held[element] = buf
+    held_buffers.add(buf)
+    pending[buf] = pending.get(buf, 0) + 1  # read again by the pop
+    if size[buf]:
+        b = allocation_bytes(size[buf]) * max(steps - 1, 0)
+    else:
+        b = allocation_bytes(ref_bytes) * steps
+    if not b:
+        return 0
+    acc = (push, _STACK)
+    size[acc] = b
+    buffer_of[acc] = acc
+    pending[acc] = 1  # read once more, by the end of the gradient loop
+    releases.setdefault(release, []).append(acc)
+    live_dev[dev] = live_dev.get(dev, 0) + b
+    if dev == host:
+        run.host_peak = max(run.host_peak, live_dev[dev])
+        return 0
+    if born is not None:
+        born[acc] = p
+    return b
 
 
-def _tensor_of(first: list[int], t: int) -> Tensor:
-    i = _node_of(first, t)
-    return (i, t - first[i])
+def _loop_body_size(op: str, inputs: list[Tensor], buffer_of, size) -> int | None:
+    """The size of an output inside a v1 loop whose shape TF's inference left unknown (a
+    Merge waits for its back edge, and what follows inherits the gap): a Merge carries
+    its entry value's size, an element-wise op its largest input's."""
+    if op in ("Merge", "RefMerge"):
+        known = inputs[:1]
+    elif op in FORWARDING_OPS:
+        known = inputs
+    else:
+        return None
+    sizes = [size.get(buffer_of.get(t)) for t in known]
+    sizes = [b for b in sizes if b]
+    return max(sizes) if sizes else None
 
 
-def _aliased_input(op: str, k: int, inputs: list[int]) -> int:
+def _frame_ends(order: list[int], frame: list[str]) -> dict[str, int]:
+    """The position of the last op of each v1 loop frame (none for graphs without)."""
+    last: dict[str, int] = {}
+    for p, i in enumerate(order):
+        f = frame[i]
+        if f:
+            last[f] = p
+    return last
+
+
+def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
+    if op not in ALIASING_OPS or not inputs:
+        return None
     if op == "IdentityN":
-        return inputs[k] if k < len(inputs) else -1
-    return inputs[0] if k == 0 else -1
+        return inputs[k] if k < len(inputs) else None
+    if op == "StackPushV2":  # outputs the element it pushed
+        return inputs[1] if k == 0 and len(inputs) > 1 else None
+    if op in ("Switch", "RefSwitch"):  # both branches forward the data input
+        return inputs[0] if k < 2 else None
+    return inputs[0] if k == 0 else None
 
 
-def _forwardable(inputs: list[int], buffer_of: list[int], pending: list[int], size: list[int],
-                 nbytes_out: int, taken: set[int]) -> int:
+def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
     """An input buffer of the same size read for the last time here, which TF's element-wise
-    kernels (FORWARDING_OPS) take over as their output instead of allocating (-1: none)."""
+    kernels take over as their output instead of allocating."""
+    if op not in FORWARDING_OPS:
+        return None
     for t in inputs:
-        buf = buffer_of[t]
-        if buf < 0 or buf in taken or size[buf] != nbytes_out:
+        buf = buffer_of.get(t)
+        if buf is None or buf in taken or size.get(buf) != nbytes_out:
             continue
-        reads_here = sum(1 for u in inputs if buffer_of[u] == buf)
-        if pending[buf] == reads_here:
+        reads_here = sum(1 for u in inputs if buffer_of.get(u) == buf)
+        if pending.get(buf, 0) == reads_here:
             return buf
-    return -1
+    return None
 
 
 def _reads_variable(index: GraphIndex, i: int) -> bool:

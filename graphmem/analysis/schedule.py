@@ -63,27 +63,34 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
     inline: deque[int] = deque()
     order: list[int] = []
-    while tasks or inline:
-        if not inline:
-            inline.append(tasks.pop())
-        i = inline.popleft()
-        order.append(i)
-        expensive = None
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j]:
-                continue
-            if cheap[j]:
-                inline.append(j)
-            else:
-                if expensive is not None:
+    loops = _LoopExits(index, member)
+    while True:
+        while tasks or inline:
+            if not inline:
+                inline.append(tasks.pop())
+            i = inline.popleft()
+            order.append(i)
+            if loops.active:
+                inline.extend(loops.ran(i))
+            expensive = None
+            for j in succ[i]:
+                indeg[j] -= 1
+                if indeg[j] or (loops.active and loops.park(j)):
+                    continue
+                if cheap[j]:
+                    inline.append(j)
+                else:
+                    if expensive is not None:
+                        tasks.append(expensive)
+                    expensive = j
+            if expensive is not None:
+                if inline:
                     tasks.append(expensive)
-                expensive = j
-        if expensive is not None:
-            if inline:
-                tasks.append(expensive)
-            else:
-                inline.append(expensive)
+                else:
+                    inline.append(expensive)
+        if not loops.active or not loops.parked:
+            break
+        inline.extend(loops.release_all())  # a body op that never ran: do not stall
     expected = sum(member)
     if len(order) != expected:  # should not happen on an indexed graph; keep every op
         seen = set(order)
@@ -92,3 +99,52 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
+_EXITS = frozenset({"Exit", "RefExit"})
+
+
+class _LoopExits:
+    """Holds a v1 loop's Exit ops back until every op of the loop's frame has run.
+
+    The order runs each loop body once and ignores the NextIteration back edges, so an
+    Exit is ready as soon as its Switch ran, before the body. TF runs it after the last
+    iteration: running it early would start what follows the loop (often the gradient
+    loop, whose pops then come before the pushes) while the body is still to come.
+    Per frame, one counter of ops still to run: linear in the graph."""
+
+    def __init__(self, index: GraphIndex, member: bytearray) -> None:
+        self.frame = index.frame
+        self.remaining: dict[str, int] = {}
+        self.parked: dict[str, list[int]] = {}
+        self.body_frame: dict[int, str] = {}
+        ops, data_inputs = index.ops, index.data_inputs
+        self.active = any(self.frame)
+        if not self.active:
+            return
+        for i, f in enumerate(self.frame):
+            if member[i] and f:
+                self.remaining[f] = self.remaining.get(f, 0) + 1
+            if member[i] and ops[i] in _EXITS and data_inputs[i]:
+                self.body_frame[i] = self.frame[data_inputs[i][0][0]]
+
+    def park(self, j: int) -> bool:
+        """Whether ready op j is an Exit whose loop body has ops still to run."""
+        f = self.body_frame.get(j)
+        if f is None or not self.remaining.get(f):
+            return False
+        self.parked.setdefault(f, []).append(j)
+        return True
+
+    def ran(self, i: int) -> list[int]:
+        """Exits released by op i, the last of its frame to run."""
+        f = self.frame[i]
+        if not f:
+            return []
+        left = self.remaining[f] = self.remaining.get(f, 1) - 1
+        return self.parked.pop(f, []) if left <= 0 else []
+
+    def release_all(self) -> list[int]:
+        out = [j for parked in self.parked.values() for j in parked]
+        self.parked.clear()
+        for f in self.remaining:
+            self.remaining[f] = 0
+        return out

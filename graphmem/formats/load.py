@@ -15,6 +15,7 @@ from graphmem import protos
 from graphmem.errors import InputError
 from graphmem.formats.model import Format, LoadedModel
 from graphmem.graph.function_view import functions_named
+from graphmem.graph.index import CONTROL_FLOW_V2
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 _META_TEXT_FIELDS = ("meta_info_def", "graph_def", "saver_def", "collection_def", "signature_def",
@@ -142,12 +143,35 @@ def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
 
 
 def training_functions(graph_def: Message) -> list[str]:
-    """Functions of the library that hold a backward pass (TF2 train steps)."""
+    """Functions of the library that hold a backward pass (TF2 train steps). The bodies
+    and conditions of loops and conditionals are parts of a step, never steps of their own
+    (a gradient loop's body holds `gradients/` ops too)."""
+    parts = _control_flow_functions(graph_def)
     found = []
     for fdef in graph_def.library.function:
-        if any(_is_backward_name(n.name) for n in fdef.node_def):
+        if fdef.signature.name not in parts and any(_is_backward_name(n.name)
+                                                    for n in fdef.node_def):
             found.append(fdef.signature.name)
     return sorted(found)
+
+
+_FUNCTION_ATTRS = ("body", "cond", "then_branch", "else_branch")
+
+
+def _control_flow_functions(graph_def: Message) -> set[str]:
+    """Names of the functions While / If / Case ops run (their attrs name them)."""
+    found: set[str] = set()
+    nodes = [graph_def.node] + [f.node_def for f in graph_def.library.function]
+    for group in nodes:
+        for n in group:
+            if n.op not in CONTROL_FLOW_V2:
+                continue
+            for key in _FUNCTION_ATTRS:
+                if key in n.attr:
+                    found.add(n.attr[key].func.name)
+            if "branches" in n.attr:
+                found.update(f.name for f in n.attr["branches"].list.func)
+    return found
 
 
 def _is_backward_name(name: str) -> bool:
@@ -170,8 +194,8 @@ def _choose_function(model: LoadedModel, function: str | None) -> str | None:
                          f"(training functions: {shown})")
     if any(_is_backward_name(n.name) for n in model.graph_def.node):
         return None
-    if len(candidates) > 1:  # loop bodies and their gradients hold backward ops too: the
-        # train step is the one that no other training function calls
+    if len(candidates) > 1:  # a function a train step calls (PartitionedCall) may hold
+        # backward ops too: the train step is the one no other training function calls
         called = _called_functions(model.graph_def, set(candidates))
         candidates = [c for c in candidates if c not in called] or candidates
     if len(candidates) == 1:

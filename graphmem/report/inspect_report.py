@@ -28,6 +28,8 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
         f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
         f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})")
+    for note in facts.estimate_notes:
+        console.print(f"[yellow]estimate may be low[/]: {note}")
 
     live = facts.peak["live"]
     if live:
@@ -70,6 +72,10 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     if cf["v1_frames"] or cf["v2_ops"]:
         console.print(f"control flow: {len(cf['v1_frames'])} v1 loop frames, "
                       f"{len(cf['v2_ops'])} v2 While/If ops")
+        for lp in cf.get("loops", []):
+            trip = lp.trip_count if lp.trip_count is not None else "unknown"
+            console.print(f"  loop {lp.name} ({lp.kind}): {trip} iterations ({lp.how}), "
+                          f"{lp.accumulators} values accumulated per iteration")
     for u in facts.untouched:
         ex = f" (e.g. {', '.join(u.examples[:3])})" if u.examples else ""
         console.print(f"[yellow]not touched[/]: {u.count} {u.what}: {u.why}{ex}")

@@ -48,7 +48,8 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
 
 def _estimate_doc(est, swapping: bool) -> dict:
     doc = {"estimated_peak_bytes": est.peak_bytes, "persistent_bytes": est.persistent_bytes,
-           "peak_op": est.peak_op, "peak_by_device": est.peak_by_device}
+           "peak_op": est.peak_op, "peak_by_device": est.peak_by_device,
+           "notes": est.notes}
     if swapping:
         doc["host_peak_bytes"] = est.host_peak_bytes
     return doc
