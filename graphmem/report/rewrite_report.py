@@ -84,6 +84,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     s.add_column("held back by")
     for seg in plan.segments[:SHOWN_ROWS]:
         trig = ", ".join(seg.triggers[:2]) + (" ..." if len(seg.triggers) > 2 else "")
+        if trig and seg.ahead:
+            trig = "(next segment) " + trig
         s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
                   str(seg.copied_ops), trig or "[red]nothing[/]")
     if plan.segments:
