@@ -159,11 +159,11 @@ def _release_shape_readers(index: GraphIndex, regions: Regions) -> int:
 
 
 # A segment's recomputation starts when the backward pass enters the part of the next segment
-# (in backward order) whose forward FLOPs are LEAD_RATIO times the segment's recompute FLOPs:
-# at 1.0, with gradient ops costing about twice their forward op, the recomputation done on a
-# second thread ends about when the first thread, busy with those gradient ops, needs it;
-# starting later leaves the second thread idle, earlier keeps two segments' copies alive.
-LEAD_RATIO = 1.0
+# (in backward order) whose forward FLOPs are LEAD_RATIO times the segment's recompute FLOPs.
+# Gradient ops cost about twice their forward op, so at 0.5 one thread's recomputation ends
+# about when the other thread, busy with that part's gradient ops, needs it: later leaves the
+# thread idle, earlier only keeps more of both segments alive at once.
+LEAD_RATIO = 0.5
 
 
 @dataclass
