@@ -145,3 +145,22 @@ def test_shape_readers_stop_waiting_for_the_forward_pass():
             assert controls <= got, (name, reader)
     est_after = estimate_memory(new, 16, nodes=new_regions.step_nodes(new))
     assert est_after.peak_bytes <= est_before.peak_bytes
+
+
+def test_no_lead_trigger_that_would_close_a_cycle():
+    """A backward op near the loss reads an activation of the first segment and feeds the
+    whole gradient chain: the next segment's backward ops then depend on that segment's
+    copies, so they must not hold them back (a cycle); that segment keeps its own triggers."""
+    g = chain_training_graph(36, batch=256)
+    probe = g.node.add()
+    probe.name, probe.op = "gradients/probe", "Mul"
+    probe.input.extend(["gradients/loss_grad/Tile", "layer_2/Relu"])
+    probe.attr["T"].type = 1
+    probe.attr["_output_shapes"].list.shape.add().CopyFrom(
+        next(n for n in g.node if n.name == "layer_2/Relu").attr["_output_shapes"].list.shape[0])
+    grad = next(n for n in g.node if n.name == "gradients/layer_35/ReluGrad")
+    grad.input[0] = "gradients/probe"
+    ix, regions, choice, plan, new, before, after = _rewrite(g)  # re-indexing: no cycle
+    first = min(s.index for s in plan.segments)
+    assert [s.ahead for s in plan.segments if s.index == first] == [False]
+    assert sum(s.ahead for s in plan.segments) >= len(plan.segments) - 2
