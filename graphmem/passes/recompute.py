@@ -211,6 +211,8 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
             if acc >= want:
                 cut = position[i]
                 break
+        # at least the lowest target: its readers are the first gradient ops of the part
+        cut = max(cut, min(position[s.tensor[0]] for h in nxt for s in h.targets))
         readers = {c for h in nxt for s in h.targets if position[s.tensor[0]] <= cut
                    for c in s.consumers if c in h.consumers}
         lead_of_seg[seg] = _triggers(index, regions, readers) if readers else set()
