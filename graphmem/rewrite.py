@@ -234,7 +234,7 @@ def _apply_passes(ws: Workspace, index, regions, facts, choice, checkpoints, opt
     """Recompute, then swap, then early updates, re-indexing after each pass that edits."""
     plan = RecomputePlan()
     if choice.policy != "none":
-        plan = apply_recompute(index, regions, facts, choice.tensors)
+        plan = apply_recompute(index, regions, facts, choice.tensors, options.batch_size)
     new_index = ws.reindex()
     new_regions = analyze_regions(new_index, options.backward_scopes, options.batch_size,
                                   ws.collection("losses"))

@@ -79,7 +79,7 @@ def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
     from graphmem.formats import load_model
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    src = fixture_path("tf2_keras_saved_model")
+    src = fixture_path("tf2_saved_model")  # its speed rewrite estimates higher
     result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64))
     assert result.after.peak_bytes > result.before.peak_bytes
     assert result.reverted

@@ -6,10 +6,13 @@ from benchmarks.synthetic import chain_training_graph
 from graphmem.analysis.activations import analyze_forward
 from graphmem.analysis.memory import estimate_memory
 from graphmem.analysis.regions import analyze_regions
-from graphmem.graph.index import GraphIndex
+from graphmem.formats import load_model
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex
 from graphmem.graph.opdefs import OpRegistry
+from graphmem.graph.workspace import Workspace
 from graphmem.passes.checkpoints import choose_checkpoints
-from graphmem.passes.recompute import COPY_SCOPE, apply_recompute
+from graphmem.passes.recompute import COPY_SCOPE, _release_shape_readers, apply_recompute
+from tests.conftest import fixture_path
 
 
 def _index(g):
@@ -107,3 +110,92 @@ def test_groups_holding_each_other_back_do_not_form_a_cycle():
     # the copy that kept its triggers still waits for a backward op
     held = [c for c in copies if new.control_inputs[c]]
     assert len(held) == 2 - plan.cycle_breaks
+
+
+def _layer(name: str) -> int:
+    """layer_<j> in a synthetic chain's forward or gradient op name."""
+    return int(name.split("layer_", 1)[1].split("/", 1)[0])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_copies_are_held_back_one_segment_ahead(residual):
+    """A segment's copies wait for a gradient op of the next segment (in backward order), so
+    its recomputation can overlap that segment's gradient ops: not for an op of its own
+    segment (that serializes the step), and not for one further up (that keeps more alive)."""
+    g = chain_training_graph(36, batch=256, residual=residual)
+    ix, regions, choice, plan, new, before, after = _rewrite(g)
+    cuts = sorted(_layer(ix.names[t[0]]) for t in choice.tensors)  # checkpoint layers
+    segments = sorted({s.index for s in plan.segments})
+    assert len(segments) > 2
+    for seg in plan.segments:
+        if seg.index == segments[-1]:  # the first to run backward: nothing to overlap with
+            assert not seg.ahead
+            continue
+        assert seg.ahead, seg
+        nxt = segments[segments.index(seg.index) + 1]
+        low = cuts[nxt - 1]  # the next segment's layers are low+1 .. its checkpoint's layer
+        high = cuts[nxt] if nxt < len(cuts) else 36
+        for name in seg.triggers:
+            if nxt == segments[-1] and name.startswith("gradients/loss_grad/"):
+                continue  # the gradient entering the top segment, from the loss
+            assert name.startswith("gradients/layer_"), name
+            assert low < _layer(name) <= high, (seg.index, name, low, high)
+    # held back all the same: each copy has a backward ancestor (a copy running during the
+    # forward pass would have none), and the peak is as low as before
+    backward_names = {ix.names[i] for i in regions.backward}
+    for c in (i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")):
+        assert any(new.names[a] in backward_names for a in new.ancestors([c])), new.names[c]
+    assert after.peak_bytes < 0.7 * before.peak_bytes
+
+
+def test_shape_readers_stop_waiting_for_the_forward_pass():
+    """TF1 batch norm: backward Shape ops built under control_dependencies(UPDATE_OPS) wait for
+    every moving-average update and keep the activations they measure alive until the forward
+    pass ends. The rewrite hands their control inputs on to their readers."""
+    ws = Workspace.open(load_model(fixture_path("resnet")), batch_size=16)
+    ix = ws.index
+    regions = analyze_regions(ix)
+
+    def waiting(index, regions):
+        return {index.names[i]: {index.names[c] for c in index.control_inputs[i]}
+                for i in regions.backward if index.ops[i] in SHAPE_ONLY_OPS
+                and index.control_inputs[i]
+                and any(s in regions.forward for s, _ in index.data_inputs[i])}
+
+    before = waiting(ix, regions)
+    assert len(before) > 20
+    readers_of = {name: [ix.names[d] for d in ix.data_consumers(ix.id_of[name])]
+                  for name in before}
+    est_before = estimate_memory(ix, 16, nodes=regions.step_nodes(ix))
+    released = _release_shape_readers(ix, regions)
+    new = _index(ws.graph_def)  # raises on a cycle
+    new_regions = analyze_regions(new)
+    left = waiting(new, new_regions)  # only readers nobody reads (nothing to hand on to)
+    assert released == len(before) - len(left)
+    assert all(not new.data_consumers(new.id_of[n]) and not new.control_consumers[new.id_of[n]]
+               for n in left)
+    for name, controls in before.items():  # every ordering the readers had is kept
+        for reader in readers_of[name]:
+            got = {new.names[c] for c in new.control_inputs[new.id_of[reader]]}
+            assert controls <= got, (name, reader)
+    est_after = estimate_memory(new, 16, nodes=new_regions.step_nodes(new))
+    assert est_after.peak_bytes <= est_before.peak_bytes
+
+
+def test_no_lead_trigger_that_would_close_a_cycle():
+    """A backward op near the loss reads an activation of the first segment and feeds the
+    whole gradient chain: the next segment's backward ops then depend on that segment's
+    copies, so they must not hold them back (a cycle); that segment keeps its own triggers."""
+    g = chain_training_graph(36, batch=256)
+    probe = g.node.add()
+    probe.name, probe.op = "gradients/probe", "Mul"
+    probe.input.extend(["gradients/loss_grad/Tile", "layer_2/Relu"])
+    probe.attr["T"].type = 1
+    probe.attr["_output_shapes"].list.shape.add().CopyFrom(
+        next(n for n in g.node if n.name == "layer_2/Relu").attr["_output_shapes"].list.shape[0])
+    grad = next(n for n in g.node if n.name == "gradients/layer_35/ReluGrad")
+    grad.input[0] = "gradients/probe"
+    ix, regions, choice, plan, new, before, after = _rewrite(g)  # re-indexing: no cycle
+    first = min(s.index for s in plan.segments)
+    assert [s.ahead for s in plan.segments if s.index == first] == [False]
+    assert sum(s.ahead for s in plan.segments) >= len(plan.segments) - 2

@@ -3,11 +3,16 @@
 For each segment (the forward ops after one checkpoint and up to the next), the ops that the
 backward pass needs from it are copied, reading checkpoints and kept tensors at the
 segment's boundary; the backward ops that read those activations are pointed at the copies.
-The copies are held back by control edges from triggers: the backward ops that feed the
-segment's backward consumers and do not depend on them, i.e. the gradient arriving from the
-later segments. A trigger never depends on the copies it holds back; it may depend on another
-group's, and where two groups would wait for each other that way, the groups involved are
-left without triggers (`_groups_closing_cycles`), so no cycle can form.
+The copies are held back by control edges from triggers, backward ops that do not depend on
+them. A segment's own triggers are the backward ops that feed its backward readers (the
+gradient arriving from the later segments); waiting for those, though, serializes the step:
+the recomputation of a segment and the gradient ops of the segment before it (in backward
+order) can never run side by side. So a segment is held back one segment ahead instead
+(`_lead_triggers`): its recomputation starts while the backward pass is still in the next
+segment, just early enough to be done when the backward pass gets to it, and it runs on a
+second inter-op thread alongside those gradient ops. A trigger may still depend on another
+group's copies; where groups would wait for each other that way, they are left without
+triggers (`_groups_closing_cycles`), so no cycle can form.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
+from graphmem.analysis.cost import op_flops
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor
@@ -44,6 +50,7 @@ class Segment:
     targets: list[str]  # activations recomputed for the backward pass
     copied_ops: int
     triggers: list[str]
+    ahead: bool = False  # held back by backward ops of the next segment, not its own readers
 
 
 @dataclass
@@ -55,10 +62,11 @@ class RecomputePlan:
     not_held_back: list[int] = field(default_factory=list)  # segments without a trigger
     update_guards: int = 0  # control edges that keep ref-variable writes after their copies
     cycle_breaks: int = 0  # groups left without triggers: theirs would have closed a cycle
+    shape_readers_released: int = 0  # shape-only readers whose control inputs were moved on
 
 
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
-                    checkpoints: list[Tensor]) -> RecomputePlan:
+                    checkpoints: list[Tensor], batch_size: int | None = None) -> RecomputePlan:
     """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it."""
     plan = RecomputePlan()
     keep = set(checkpoints)
@@ -79,7 +87,6 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         seg = bisect_right(cut_positions, index.position[s.tensor[0]])
         by_segment.setdefault(seg, []).append(s)
     g = index.graph_def
-    new_nodes = []
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     groups: list[_Group] = []
     for seg in sorted(by_segment):
@@ -88,49 +95,151 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                                                          recomputable, start):
             copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
             consumers = _rewire(index, group_targets, copy_name, rewires)
-            triggers = _triggers(index, regions, consumers) if consumers else set()
-            groups.append(_Group(seg, group_targets, needed, copy_name, consumers, triggers))
-    for k in _groups_closing_cycles(index, groups, rewires):
-        groups[k].triggers = set()  # not held back rather than a cycle
+            own = _triggers(index, regions, consumers) if consumers else set()
+            groups.append(_Group(seg, group_targets, needed, copy_name, consumers, own,
+                                 _ref_writes(index, regions, needed)))
+    leads = _lead_triggers(index, regions, groups, batch_size)
+    for n, group in enumerate(groups):
+        group.triggers = leads.get(n) or group.own
+    for n in _groups_closing_cycles(index, groups, rewires):
+        groups[n].triggers = set()  # not held back rather than a cycle
+        leads.pop(n, None)
         plan.cycle_breaks += 1
-    for grp in groups:
-        copy_name, triggers = grp.copy_name, grp.triggers
+    new_nodes = []
+    for n, group in enumerate(groups):
+        seg, needed, copy_name, triggers = group.seg, group.needed, group.copy_name, \
+            group.triggers
+        start = cut_positions[seg - 1] if seg > 0 else None
         copied = [_copy_node(index, i, copy_name)
-                  for i in sorted(grp.needed, key=index.position.__getitem__)]
+                  for i in sorted(needed, key=index.position.__getitem__)]
         copies = set(copy_name.values())
         for node in copied:
             if not any(parse_input(x)[0] in copies for x in node.input):
                 node.input.extend("^" + index.names[t] for t in sorted(triggers))
         new_nodes.extend(copied)
         if not triggers:
-            plan.not_held_back.append(grp.seg)
-        plan.update_guards += _guard_ref_updates(index, regions, grp.needed, copy_name)
-        start = cut_positions[grp.seg - 1] if grp.seg > 0 else None
+            plan.not_held_back.append(seg)
+        for w, i in group.ref_writes:
+            g.node[w].input.append("^" + copy_name[i])
+        plan.update_guards += len(group.ref_writes)
         plan.segments.append(Segment(
-            grp.seg, cut_names.get(start) if start is not None else None,
-            [s.name for s in grp.targets], len(grp.needed),
-            [index.names[t] for t in sorted(triggers)]))
-        plan.copied_ops += len(grp.needed)
+            seg, cut_names.get(start) if start is not None else None,
+            [s.name for s in group.targets], len(needed),
+            [index.names[t] for t in sorted(triggers)], n in leads))
+        plan.copied_ops += len(needed)
     for c, slots in rewires.items():
         node = g.node[c]
         for slot, text in slots.items():
             node.input[slot] = text
             plan.rewired_inputs += 1
+    plan.shape_readers_released = _release_shape_readers(index, regions)
     g.node.extend(new_nodes)
     return plan
 
 
+def _release_shape_readers(index: GraphIndex, regions: Regions) -> int:
+    """Let backward shape readers of forward tensors run as soon as the tensor exists.
+
+    Shape readers keep reading the original tensor (pointing them at a copy would pull the
+    copy's recomputation earlier), and TF keeps a buffer alive until its last reader has run.
+    A shape reader built under `control_dependencies(UPDATE_OPS)` (TF1 batch-norm models)
+    waits for every moving-average update, i.e. for the end of the forward pass, and so keeps
+    the whole activation it measures alive until then: what recompute was meant to free.
+    Its control inputs only order it (a shape does not depend on them), so they are moved to
+    its readers, which keeps every ordering its readers had, and the shape reader runs early.
+    Each moved edge runs from an ancestor of the reader's consumer to it: no cycle can form.
+    Shape readers inside loops, or whose readers are, and those no op reads are left alone.
+    """
+    g = index.graph_def
+    forward, backward = regions.forward, regions.backward
+    readers = [i for i in index.topo if i in backward and index.ops[i] in SHAPE_ONLY_OPS
+               and not index.in_loop(i) and any(s in forward for s, _ in index.data_inputs[i])]
+    released = 0
+    for c in readers:  # in topological order: edges moved onto a later reader move on
+        node = g.node[c]
+        moved = [x for x in node.input if x.startswith("^")]
+        takers = index.data_consumers(c) + index.control_consumers[c]
+        if not moved or not takers or any(index.in_loop(d) for d in takers):
+            continue
+        data = [x for x in node.input if not x.startswith("^")]
+        del node.input[:]
+        node.input.extend(data)
+        for d in dict.fromkeys(takers):
+            have = set(g.node[d].input)
+            g.node[d].input.extend(x for x in moved if x not in have)
+        released += 1
+    return released
+
+
+# A segment's recomputation starts when the backward pass enters the part of the next segment
+# (in backward order) whose forward FLOPs are LEAD_RATIO times the segment's recompute FLOPs.
+# Gradient ops cost about twice their forward op, so at 0.5 one thread's recomputation ends
+# about when the other thread, busy with that part's gradient ops, needs it: later leaves the
+# thread idle, earlier only keeps more of both segments alive at once.
+LEAD_RATIO = 0.5
+
+
 @dataclass
 class _Group:
-    """One group of copies: made for `targets`, read by `consumers`, held back by
-    `triggers`."""
+    """Copies of one segment that share ops, and the backward ops that read them."""
 
     seg: int
-    targets: list
+    targets: list  # SavedActivations recomputed
     needed: set[int]  # ops copied
     copy_name: dict[int, str]
-    consumers: set[int]
-    triggers: set[int]
+    consumers: set[int]  # backward ops pointed at the copies
+    own: set[int]  # triggers just before the group's first reader
+    ref_writes: list[tuple[int, int]]  # (optimizer write, copied op) to order after the copy
+    triggers: set[int] = field(default_factory=set)  # chosen: one segment ahead, or own
+
+
+def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
+                   batch_size: int | None) -> dict[int, set[int]]:
+    """Triggers one segment ahead, by group number; groups left out keep their own.
+
+    For segment k, the next segment is the nearest later one with copies (its backward runs
+    just before k's). Walking that segment's copied ops up from its bottom, the cut is where
+    their forward FLOPs reach LEAD_RATIO times those of k's copies; k's triggers are then
+    those of the next segment's targets below the cut: the backward ops that bring the
+    gradient into that part. One walk per segment: linear in the ops copied. A lead trigger must sit before every reader of the group's copies
+    and every optimizer write ordered after them in the topological order, so it cannot
+    depend on the copies (no cycle); otherwise the group keeps its own triggers.
+    """
+    by_seg: dict[int, list[_Group]] = {}
+    for group in groups:
+        by_seg.setdefault(group.seg, []).append(group)
+    segs = sorted(by_seg)
+    position = index.position
+
+    def cost(i: int) -> int:
+        return op_flops(index, i, batch_size or 1)  # only ratios matter: any batch will do
+
+    lead_of_seg: dict[int, set[int]] = {}
+    for k, seg in enumerate(segs[:-1]):
+        nxt = by_seg[segs[k + 1]]
+        ops = sorted({i for h in nxt for i in h.needed}, key=position.__getitem__)
+        want = LEAD_RATIO * sum(cost(i) for h in by_seg[seg] for i in h.needed)
+        cut, acc = position[ops[-1]], 0
+        for i in ops:  # bottom up
+            acc += cost(i)
+            if acc >= want:
+                cut = position[i]
+                break
+        # at least the lowest target: its readers are the first gradient ops of the part
+        cut = max(cut, min(position[s.tensor[0]] for h in nxt for s in h.targets))
+        readers = {c for h in nxt for s in h.targets if position[s.tensor[0]] <= cut
+                   for c in s.consumers if c in h.consumers}
+        lead_of_seg[seg] = _triggers(index, regions, readers) if readers else set()
+    out: dict[int, set[int]] = {}
+    for n, group in enumerate(groups):
+        lead = lead_of_seg.get(group.seg)
+        if not lead or not group.consumers:
+            continue
+        bound = min([position[c] for c in group.consumers] +
+                    [position[w] for w, _ in group.ref_writes])
+        if lead and all(position[t] < bound for t in lead):
+            out[n] = lead
+    return out
 
 
 def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
@@ -314,11 +423,10 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int]) -> set[i
     return triggers
 
 
-def _guard_ref_updates(index: GraphIndex, regions: Regions, needed: set[int],
-                       copy_name: dict[int, str]) -> int:
-    """A copy reading a ref variable's value must run before the optimizer writes it."""
-    added = 0
-    g = index.graph_def
+def _ref_writes(index: GraphIndex, regions: Regions, needed: set[int]) -> list[tuple[int, int]]:
+    """(optimizer write, copied op) pairs: a copy reading a ref variable's value must run
+    before the optimizer writes that variable, so the write gets a control edge from it."""
+    out = []
     for i in needed:
         for s, k in index.data_inputs[i]:
             var = _ref_variable_behind(index, s, k)
@@ -326,9 +434,8 @@ def _guard_ref_updates(index: GraphIndex, regions: Regions, needed: set[int],
                 continue
             for w in index.data_consumers(var):
                 if is_state_write(index.ops[w]) and w in regions.optimizer:
-                    g.node[w].input.append("^" + copy_name[i])
-                    added += 1
-    return added
+                    out.append((w, i))
+    return out
 
 
 def _ref_variable_behind(index: GraphIndex, s: int, k: int) -> int | None:

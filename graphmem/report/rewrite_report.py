@@ -28,6 +28,7 @@ def rewrite_document(result: RewriteResult, output: str) -> dict:
         "kept_not_recomputable": plan.kept_blocked,
         "update_guards": plan.update_guards,
         "groups_released_to_avoid_cycles": plan.cycle_breaks,
+        "shape_readers_released": plan.shape_readers_released,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
         "early_updates": result.early,
@@ -87,6 +88,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     s.add_column("held back by")
     for seg in plan.segments[:SHOWN_ROWS]:
         trig = ", ".join(seg.triggers[:2]) + (" ..." if len(seg.triggers) > 2 else "")
+        if trig and seg.ahead:
+            trig = "(next segment) " + trig
         s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
                   str(seg.copied_ops), trig or "[red]nothing[/]")
     if plan.segments:
