@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.regions import Regions, is_state_write
+from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex
 from graphmem.graph.reachability import Reachability
 
@@ -32,48 +32,74 @@ from graphmem.graph.reachability import Reachability
 class EarlyUpdatesPlan:
     updates: int = 0  # updates that got edges
     edges: int = 0
+    covered: int = 0  # writes moved by a later update's edges (Keras Adam slots)
+    split_identityn: list[str] = field(default_factory=list)  # gradient barriers split first
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
 
 
+@dataclass
+class _Update:
+    """An optimizer write and what the walk up from it found: the gradient op it depends on
+    and the other state writes it waits for (Keras writes the Adam slots first, then reads
+    them back for the variable's update)."""
+    op: int
+    gradient: int
+    writes: list[int]
+
+
 def apply_early_updates(index: GraphIndex, regions: Regions,
-                        checkpoints: list[int] = ()) -> EarlyUpdatesPlan:
+                        checkpoints: list[int] = (), backward_scopes=None) -> EarlyUpdatesPlan:
     """Add the edges to the graph and to `index` (no re-index needed). `checkpoints`: the
     forward ops a recompute pass kept, which the rewritten backward pass reads (landmarks
     for the ordering questions)."""
     plan = EarlyUpdatesPlan()
-    backward = regions.backward
-    updates = [i for i in sorted(regions.optimizer, key=index.position.__getitem__)
-               if is_state_write(index.ops[i]) and _gradient_input(index, i, backward)
-               is not None]
+    in_scope = scope_matcher(backward_scopes)
+    updates: list[_Update] = []
+    for i in sorted(regions.optimizer, key=index.position.__getitem__):
+        if not is_state_write(index.ops[i]):
+            continue
+        found = _gradient_of(index, i, regions, in_scope)
+        if found is _NO_GRADIENT:
+            continue  # not a gradient's update (an iteration count, a beta power)
+        if found is None:
+            _skip(plan, "gradient not found within the search budget")
+            continue
+        updates.append(_Update(i, *found))
     if not updates:
         return plan
     step = regions.step_nodes(index)
-    chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
     reach = Reachability(index, _landmarks(index, regions, checkpoints))
-    for a in updates:
-        if index.in_loop(a):
-            _skip(plan, "inside a loop")
-            continue
-        variable = _variable_of(index, a)
-        if variable is None:
-            _skip(plan, "variable not found")
-            continue
-        reads = [r for r in _reads_of(index, variable, a) if r in step]
-        ordered = [reach.reaches(r, a) for r in reads]
-        if None in ordered:
-            _skip(plan, "ordering not settled within the search budget")
-            continue
-        if not all(ordered):
-            _skip(plan, "a read of the variable is not ordered before the update")
+    verdicts: dict[int, str | None] = {}  # write -> why it must not move (None: it may)
+
+    def verdict(w: int) -> str | None:
+        if w not in verdicts:
+            verdicts[w] = _why_not_movable(index, reach, step, w)
+        return verdicts[w]
+
+    chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
+    for u in updates:
+        a = u.op
+        # moving `a` earlier moves the writes it waits for too: each must be safe to move
+        why = verdict(a) or next((verdict(w) for w in u.writes if verdict(w)), None)
+        if why is not None:
+            _skip(plan, why)
             continue
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
-        targets = [x for x in _next_in_chain(index, a, backward) if not index.in_loop(x)
+        targets = [x for x in _next_in_chain(index, u.gradient, a, regions.backward, in_scope)
+                   if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
             _skip(plan, "no backward op after the gradient")
             continue
         chosen[a] = targets
+    # a write another chosen update waits for (a Keras Adam slot) runs before that update's
+    # edges anyway: its own edges would only repeat them
+    waited_for = {w for u in updates if u.op in chosen for w in u.writes}
+    for u in updates:
+        if u.op in chosen and u.op in waited_for:
+            del chosen[u.op]
+            plan.covered += 1
     for a in _closing_cycles(index, chosen):
         del chosen[a]
         _skip(plan, "its edges would close a cycle with another update's")
@@ -84,6 +110,71 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     plan.updates = len(chosen)
     plan.edges = len(added)
     return plan
+
+
+_NO_GRADIENT = object()
+_WALK_BUDGET = 256  # ops expanded per update; a Keras Adam update is about 20 away
+
+
+def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
+    """Walk up from update `a` through the backward and optimizer regions (data and control
+    inputs) to the ops of the gradient scope. Returns (gradient op, state writes passed on
+    the way), `_NO_GRADIENT` when no gradient feeds the update, or None when the walk ran
+    past its budget or reached several gradients (a global-norm clip: no early update)."""
+    backward, optimizer = regions.backward, regions.optimizer
+    data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
+    for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
+        if s in backward and in_scope(names[s]):
+            return _through_identities(index, s, backward), []
+    stack, seen = [a], {a}
+    gradients: set[int] = set()
+    writes: list[int] = []
+    expanded = 0
+    while stack:
+        i = stack.pop()
+        expanded += 1
+        if expanded > _WALK_BUDGET:
+            return None
+        for s in [s for s, _ in data_inputs[i]] + control_inputs[i]:
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in backward and in_scope(names[s]):
+                gradients.add(_through_identities(index, s, backward))
+            elif s in backward or s in optimizer:
+                if is_state_write(index.ops[s]):
+                    writes.append(s)
+                stack.append(s)
+    if not gradients:
+        return _NO_GRADIENT
+    if len(gradients) > 1:
+        return None
+    return gradients.pop(), writes
+
+
+def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
+                     a: int) -> str | None:
+    """Moving write `a` earlier (adding edges only) keeps every order the graph already
+    fixes; it can change a value only through an access of the same variable that is
+    ordered neither before nor after it. None when there is no such access."""
+    variable = _variable_of(index, a)
+    if variable is None:
+        return "variable not found"
+    if index.in_loop(a):
+        return "inside a loop"
+    for r in _accesses_of(index, variable, a):
+        if r not in step:
+            continue
+        before = reach.reaches(r, a)
+        if before:
+            continue
+        after = reach.reaches(a, r) if before is False else None
+        if after:
+            continue
+        if before is None or after is None:
+            return "ordering not settled within the search budget"
+        return "a read of the variable is not ordered before or after the update"
+    return None
 
 
 def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int]:
@@ -137,13 +228,6 @@ def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> l
     return list(dict.fromkeys(found))[:8]
 
 
-def _gradient_input(index: GraphIndex, a: int, backward: set[int]) -> int | None:
-    for s, _ in index.data_inputs[a]:
-        if s in backward:
-            return s
-    return None
-
-
 def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
     while index.ops[i] == "Identity" and index.data_inputs[i] \
             and index.data_inputs[i][0][0] in backward:
@@ -151,22 +235,27 @@ def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
     return i
 
 
-def _readers_past_identities(index: GraphIndex, i: int, backward: set[int]) -> list[int]:
+def _readers_past_identities(index: GraphIndex, i: int, backward: set[int],
+                              in_scope) -> list[int]:
+    """Backward readers of op i, past Identity ops. Only ops of the gradient scope: the
+    optimizer's own arithmetic on a gradient (Keras computes Adam's moments before the
+    write) is in the backward region too, and an edge into another update's arithmetic
+    would make two updates wait for each other."""
     out = []
     for c in index.data_consumers(i):
         if c not in backward:
             continue
         if index.ops[c] == "Identity":
-            out.extend(_readers_past_identities(index, c, backward))
-        else:
+            out.extend(_readers_past_identities(index, c, backward, in_scope))
+        elif in_scope(index.names[c]):
             out.append(c)
     return out
 
 
-def _next_in_chain(index: GraphIndex, a: int, backward: set[int]) -> list[int]:
+def _next_in_chain(index: GraphIndex, core: int, a: int, backward: set[int],
+                   in_scope) -> list[int]:
     """Readers of the outputs of the gradient op's siblings: the ops that continue the
-    backward chain past the point where the update's gradient was made."""
-    core = _through_identities(index, _gradient_input(index, a, backward), backward)
+    backward chain past the point where the update's gradient `core` was made."""
     out: set[int] = set()
     for up, _ in index.data_inputs[core]:
         if up not in backward:
@@ -174,7 +263,7 @@ def _next_in_chain(index: GraphIndex, a: int, backward: set[int]) -> list[int]:
         for sibling in index.data_consumers(up):
             if sibling == core or sibling not in backward:
                 continue
-            out.update(_readers_past_identities(index, sibling, backward))
+            out.update(_readers_past_identities(index, sibling, backward, in_scope))
     out.discard(a)
     return sorted(out)
 
@@ -186,22 +275,22 @@ def _variable_of(index: GraphIndex, a: int) -> int | None:
     return s if index.ops[s] in VARIABLE_OPS or index.ops[s] == "_Arg" else None
 
 
-def _reads_of(index: GraphIndex, variable: int, a: int) -> list[int]:
-    """Every op that reads the variable's value (through Identity chains), the update's
-    own inputs aside."""
-    reads, stack = [], list(index.data_consumers(variable))
+def _accesses_of(index: GraphIndex, variable: int, a: int) -> list[int]:
+    """Every op that reads the variable's value (through Identity chains) or writes it,
+    the update itself aside."""
+    accesses, stack = [], list(index.data_consumers(variable))
     seen = set(stack)
     while stack:
         c = stack.pop()
-        if c == a or is_state_write(index.ops[c]):
+        if c == a:
             continue
-        reads.append(c)
+        accesses.append(c)
         if index.ops[c] in ("Identity", "RefIdentity"):
             for d in index.data_consumers(c):
                 if d not in seen:
                     seen.add(d)
                     stack.append(d)
-    return reads
+    return accesses
 
 
 def _skip(plan: EarlyUpdatesPlan, why: str) -> None:
