@@ -34,6 +34,7 @@ class EarlyUpdatesPlan:
     edges: int = 0
     covered: int = 0  # writes moved by a later update's edges (Keras Adam slots)
     split_identityn: list[str] = field(default_factory=list)  # gradient barriers split first
+    release_edges: int = 0  # edges from a variable value's last readers into its update
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
 
 
@@ -100,15 +101,20 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         if u.op in chosen and u.op in waited_for:
             del chosen[u.op]
             plan.covered += 1
-    for a in _closing_cycles(index, chosen):
-        del chosen[a]
+    # each update's edges: out to the backward ops that wait for it, and in from the last
+    # readers of its variable's value
+    edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, a)]
+             for a, targets in chosen.items()}
+    for a in _closing_cycles(index, edges):
+        del edges[a]
         _skip(plan, "its edges would close a cycle with another update's")
-    added = [(a, x) for a, targets in chosen.items() for x in targets]
-    for a, x in added:
-        index.graph_def.node[x].input.append("^" + index.names[a])
+    added = [e for a_edges in edges.values() for e in a_edges]
+    for u, v in added:
+        index.graph_def.node[v].input.append("^" + index.names[u])
     index.add_control_edges(added)
-    plan.updates = len(chosen)
-    plan.edges = len(added)
+    plan.updates = len(edges)
+    plan.release_edges = sum(1 for u, _ in added if u not in edges)
+    plan.edges = len(added) - plan.release_edges
     return plan
 
 
@@ -177,14 +183,15 @@ def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
     return None
 
 
-def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int]:
-    """Updates whose edges, each safe alone, may close a cycle together with the others'
-    (a1 -> x1 -> ... -> a2 -> x2 -> ... -> a1). Edges that run along the topological order
-    cannot; otherwise one Kahn pass over the graph with every chosen edge finds the ops
-    left waiting, and the updates with an edge into them are dropped: every cycle runs
-    through such an edge, and the graph without them is acyclic."""
+def _closing_cycles(index: GraphIndex, edges: dict[int, list[tuple[int, int]]]) -> list[int]:
+    """Updates whose edges (`edges[update]`: (source, destination) pairs), each safe alone,
+    may close a cycle together with the others' (a1 -> x1 -> ... -> a2 -> x2 -> ... -> a1).
+    Edges that run along the topological order cannot; otherwise one Kahn pass over the
+    graph with every edge finds the ops left waiting, and the updates with an edge into
+    them are dropped: every cycle runs through such an edge, and the graph without them is
+    acyclic."""
     position = index.position
-    if all(position[a] < position[x] for a, xs in chosen.items() for x in xs):
+    if all(position[u] < position[v] for es in edges.values() for u, v in es):
         return []
     n = len(index)
     indeg = [0] * n
@@ -199,10 +206,10 @@ def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int
         for s in preds:
             succ[s].append(i)
         indeg[i] = len(preds)
-    for a, xs in chosen.items():
-        for x in xs:
-            succ[a].append(x)
-            indeg[x] += 1
+    for es in edges.values():
+        for u, v in es:
+            succ[u].append(v)
+            indeg[v] += 1
     stack = [i for i in range(n) if indeg[i] == 0]
     while stack:
         i = stack.pop()
@@ -210,7 +217,32 @@ def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int
             indeg[j] -= 1
             if indeg[j] == 0:
                 stack.append(j)
-    return [a for a, xs in chosen.items() if any(indeg[x] > 0 for x in xs)]
+    return [a for a, es in edges.items() if any(indeg[v] > 0 for _, v in es)]
+
+
+def _value_readers(index: GraphIndex, reach: Reachability, a: int) -> list[int]:
+    """Backward readers of the variable's value that the update does not wait for yet
+    (the `dx = dy . W^T` matmul reading the forward read of W). A resource variable
+    updated while a read's tensor is still referenced is copied first (copy on write), so
+    an update running before them costs a transient copy of the variable: wait for them.
+    Only readers that provably do not depend on the update (no cycle)."""
+    variable = _variable_of(index, a)
+    if variable is None or index.ops[variable] not in ("_Arg", "VarHandleOp"):
+        return []  # ref variables (TF1) are updated in place, never copied
+    out = []
+    for r in _accesses_of(index, variable, a):
+        if index.ops[r] not in ("ReadVariableOp", "Identity") or index.in_loop(r):
+            continue
+        if reach.reaches(r, a) is not True:
+            continue  # reads after the update (Keras Adam's slot reads) see the new value
+        for c in index.data_consumers(r):
+            if index.in_loop(c) or index.ops[c] in ("Identity", "ReadVariableOp"):
+                continue
+            if index.position[c] > index.position[a] and reach.reaches(a, c) is not False:
+                continue  # c may depend on the update: an edge c -> a could close a cycle
+            if reach.reaches(c, a) is False:
+                out.append(c)
+    return sorted(set(out))
 
 
 def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> list[int]:
