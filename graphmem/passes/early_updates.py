@@ -4,13 +4,24 @@ TF's executor runs the backward chain depth first, so the weight-gradient update
 on the way wait until the chain ends, and every weight gradient stays alive until then: for
 MLPs and transformers that is often the step's peak. This pass adds a control edge from each
 update to the backward ops one step further down the chain (the readers of the gradient's
-siblings), so the chain cannot run ahead of the updates.
+siblings, in the gradient scope), so the chain cannot run ahead of the updates.
 
-Only the order changes, never a value: an update gets an edge only when every read of its
-variable is provably ordered before it (so no read can see the new value), and an edge is
-only added where it provably cannot close a cycle. Both are reachability questions between
-an update and a few ops near it. They are answered without per-update sets over the whole
-graph (one bit per update per op grows as nodes x updates: 16 GB at a million nodes):
+An update's gradient is found by walking up from the write through the backward and
+optimizer regions to the gradient scope: TF1 optimizers read it directly; Keras (TF2)
+optimizers compute the moments on it, write the slots, read them back and then write the
+variable. A Keras optimizer's `IdentityN` over all gradients is split first
+(passes/split_identityn.py), or no update could start before the last gradient.
+
+Only the order changes, never a value. Edges only add order, so every access of a variable
+the graph orders before or after a write stays so; a write is moved only when every access
+of its variable (reads and other writes in the step) is ordered one way or the other with
+it, and so is every state write it waits for (the Adam slots a Keras update reads back).
+A resource variable updated while a read's tensor is still referenced is copied first, so
+each update also waits for the backward readers of its variable's value (the `dx` matmul).
+An edge is only added where it provably cannot close a cycle. These are reachability
+questions between an update and a few ops near it, answered without per-update sets over
+the whole graph (one bit per update per op grows as nodes x updates: 16 GB at a million
+nodes):
 
 - an op placed after the update in topological order cannot be its ancestor;
 - the rest is asked of a reachability index (graph/reachability.py): interval labels answer
