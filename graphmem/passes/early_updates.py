@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
-from graphmem.graph.index import VARIABLE_OPS, GraphIndex
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex
 from graphmem.graph.reachability import Reachability
 
 
@@ -298,17 +298,31 @@ def _readers_past_identities(index: GraphIndex, i: int, backward: set[int],
 def _next_in_chain(index: GraphIndex, core: int, a: int, backward: set[int],
                    in_scope) -> list[int]:
     """Readers of the outputs of the gradient op's siblings: the ops that continue the
-    backward chain past the point where the update's gradient `core` was made."""
+    backward chain past the point where the update's gradient `core` was made. A gradient
+    op with several outputs and no sibling (a fused batch norm's gradient makes dx, dgamma
+    and dbeta at once) is continued by the readers of its own other outputs; a gradient
+    made by a short private chain (Keras batch norm: Mul -> Sum -> Reshape) is continued
+    from where that chain leaves the shared gradient."""
     out: set[int] = set()
-    for up, _ in index.data_inputs[core]:
-        if up not in backward:
-            continue
-        for sibling in index.data_consumers(up):
-            if sibling == core or sibling not in backward:
-                continue
-            out.update(_readers_past_identities(index, sibling, backward, in_scope))
+    for _ in range(_CHAIN_LEVELS):
+        ups = [u for u, _ in index.data_inputs[core]
+               if u in backward and index.ops[u] not in _NOT_GRADIENTS]
+        for up in ups:
+            for sibling in index.data_consumers(up):
+                if sibling == core or sibling not in backward:
+                    continue
+                out.update(_readers_past_identities(index, sibling, backward, in_scope))
+        if not out and index.num_outputs[core] > 1:
+            out.update(_readers_past_identities(index, core, backward, in_scope))
+        if out or len(ups) != 1 or set(index.data_consumers(ups[0])) != {core}:
+            break
+        core = ups[0]  # the gradient's only source reads nothing else: one level up
     out.discard(a)
     return sorted(out)
+
+
+_CHAIN_LEVELS = 8  # levels of a gradient's private chain walked up (Keras BN: 3)
+_NOT_GRADIENTS = SHAPE_ONLY_OPS | {"Const", "HostConst"}  # shape inputs of a Reshape, ...
 
 
 def _variable_of(index: GraphIndex, a: int) -> int | None:
