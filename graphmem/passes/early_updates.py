@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
+from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex
 from graphmem.graph.reachability import Reachability
 
@@ -46,6 +46,7 @@ class EarlyUpdatesPlan:
     covered: int = 0  # writes moved by a later update's edges (Keras Adam slots)
     split_identityn: list[str] = field(default_factory=list)  # gradient barriers split first
     release_edges: int = 0  # edges from a variable value's last readers into its update
+    held_back: int = 0  # products of slots alone (RMSprop's rho * v) made to wait for the gradient
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
 
 
@@ -57,6 +58,7 @@ class _Update:
     op: int
     gradient: int
     writes: list[int]
+    slot_products: list[int] = field(default_factory=list)
 
 
 def apply_early_updates(index: GraphIndex, regions: Regions,
@@ -114,7 +116,11 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
             plan.covered += 1
     # each update's edges: out to the backward ops that wait for it, and in from the last
     # readers of its variable's value
+    by_op = {u.op: u for u in updates}
     edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, a)]
+             + [(by_op[a].gradient, p) for p in by_op[a].slot_products
+                if index.position[p] > index.position[by_op[a].gradient]
+                or reach.reaches(p, by_op[a].gradient) is False]
              for a, targets in chosen.items()}
     for a in _closing_cycles(index, edges):
         del edges[a]
@@ -124,8 +130,9 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         index.graph_def.node[v].input.append("^" + index.names[u])
     index.add_control_edges(added)
     plan.updates = len(edges)
-    plan.release_edges = sum(1 for u, _ in added if u not in edges)
-    plan.edges = len(added) - plan.release_edges
+    plan.release_edges = sum(1 for _, v in added if v in edges)
+    plan.held_back = sum(1 for u, v in added if u not in edges and v not in edges)
+    plan.edges = len(added) - plan.release_edges - plan.held_back
     return plan
 
 
@@ -142,10 +149,11 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
     for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
         if s in backward and in_scope(names[s]):
-            return _through_identities(index, s, backward), []
+            return _through_identities(index, s, backward), [], []
     stack, seen = [a], {a}
     gradients: set[int] = set()
     writes: list[int] = []
+    products: list[int] = []
     expanded = 0
     while stack:
         i = stack.pop()
@@ -162,11 +170,36 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
                 if is_state_write(index.ops[s]):
                     writes.append(s)
                 stack.append(s)
+            elif _is_slot_product(index, s):
+                products.append(s)
     if not gradients:
         return _NO_GRADIENT
     if len(gradients) > 1:
         return None
-    return gradients.pop(), writes
+    return gradients.pop(), writes, products
+
+
+_SLOT_PRODUCT_ELEMENTS = 1024
+
+
+def _is_slot_product(index: GraphIndex, s: int) -> bool:
+    """An op computed from variables and constants alone, as large as a weight (RMSprop's
+    `rho * velocity`, a hand-written momentum's `mu * v`). Ready when the step starts, it
+    is run whenever the executor finds nothing else to do, which early updates make happen
+    mid-step: then every layer's product is made at once and held until its gradient
+    arrives. Made to wait for its update's gradient, it lives a moment instead."""
+    if index.in_loop(s) or is_parameter_read(index, s) or index.ops[s] in VARIABLE_OPS:
+        return False
+    ins = index.data_inputs[s]
+    if not ins or not all(is_parameter_read(index, t) for t, _ in ins):
+        return False
+    shape = index.shape((s, 0))
+    if not shape or any(d is None or d < 0 for d in shape):
+        return False
+    elements = 1
+    for d in shape:
+        elements *= d
+    return elements >= _SLOT_PRODUCT_ELEMENTS
 
 
 def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
