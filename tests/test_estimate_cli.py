@@ -80,10 +80,14 @@ def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
     src = fixture_path("tf2_keras_saved_model")
-    result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64))
+    # without early updates, Keras Adam's IdentityN keeps every gradient until the last one
+    # exists and the speed policy's copies come on top (with them, the rewrite is lower)
+    result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64,
+                                                              early_updates=False))
     assert result.after.peak_bytes > result.before.peak_bytes
     assert result.reverted
     assert load_model(tmp_path / "a").container == load_model(src).container
-    kept = rewrite_file(src, tmp_path / "b", RewriteOptions("speed", [], 64, keep_worse=True))
+    kept = rewrite_file(src, tmp_path / "b", RewriteOptions("speed", [], 64, keep_worse=True,
+                                                            early_updates=False))
     assert not kept.reverted
     assert load_model(tmp_path / "b").container != load_model(src).container
