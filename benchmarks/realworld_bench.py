@@ -82,7 +82,9 @@ def model_sizes(quick: bool) -> dict[str, dict[str, Any]]:
 
 def build_tf2_mlp(path: Path, f: dict[str, Any]) -> None:
     """Keras Sequential + Keras Adam in a tf.Module with a `train_step` tf.function."""
-    import tensorflow as tf
+    from graphmem.runtime.tf_loader import tensorflow
+
+    tf = tensorflow("building the model")  # with the BFC allocator, as measurements need
 
     tf.keras.utils.set_random_seed(0)
     layers = [tf.keras.Input(shape=(f["in"],))]

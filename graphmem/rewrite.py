@@ -23,6 +23,7 @@ from graphmem.passes.budget import BudgetSolution, choose_budget_checkpoints, pa
 from graphmem.passes.checkpoints import CheckpointChoice, candidate_tensors, choose_checkpoints
 from graphmem.passes.early_updates import EarlyUpdatesPlan, apply_early_updates
 from graphmem.passes.recompute import COPY_SCOPE, RecomputePlan, apply_recompute
+from graphmem.passes.split_identityn import split_gradient_identityn
 from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
 
 
@@ -244,11 +245,19 @@ def _apply_passes(ws: Workspace, index, regions, facts, choice, checkpoints, opt
         swap_plan, new_index, new_regions = _swap(ws, new_index, new_regions, kept, options)
     early = None
     if options.early_updates:
+        # a Keras optimizer's IdentityN over all gradients would hold every update back
+        # until the last gradient exists: split it first
+        split = split_gradient_identityn(new_index, new_regions)
+        if split.split:
+            new_index = ws.reindex()
+            new_regions = analyze_regions(new_index, options.backward_scopes,
+                                          options.batch_size, ws.collection("losses"))
         kept = [new_index.id_of[c.name.rsplit(":", 1)[0]] for c in checkpoints
                 if c.name.rsplit(":", 1)[0] in new_index.id_of]
         # edges from updates to backward ops: the index takes them in place, and the
         # regions stay as they were (step_nodes, all the estimate reads, is unchanged)
-        early = apply_early_updates(new_index, new_regions, kept)
+        early = apply_early_updates(new_index, new_regions, kept, options.backward_scopes)
+        early.split_identityn = split.split
     return plan, swap_plan, early, new_index, new_regions
 
 

@@ -79,11 +79,15 @@ def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
     from graphmem.formats import load_model
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    src = fixture_path("tf2_saved_model")  # its speed rewrite estimates higher
-    result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64))
+    # without early updates, the TF2 fixture's speed rewrite estimates higher (with them, the
+    # Keras optimizer's gradients are released early and it is lower)
+    src = fixture_path("tf2_saved_model")
+    result = rewrite_file(src, tmp_path / "a", RewriteOptions("speed", [], 64,
+                                                              early_updates=False))
     assert result.after.peak_bytes > result.before.peak_bytes
     assert result.reverted
     assert load_model(tmp_path / "a").container == load_model(src).container
-    kept = rewrite_file(src, tmp_path / "b", RewriteOptions("speed", [], 64, keep_worse=True))
+    kept = rewrite_file(src, tmp_path / "b", RewriteOptions("speed", [], 64, keep_worse=True,
+                                                            early_updates=False))
     assert not kept.reverted
     assert load_model(tmp_path / "b").container != load_model(src).container

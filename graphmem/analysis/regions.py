@@ -69,6 +69,7 @@ class Regions:
         if self._step is not None and self._step[0] == id(index):
             return self._step[1]  # asked by each estimate and pass: walk once per index
         roots = self.backward | self.optimizer | self.state_updates | {t[0] for t in self.loss}
+        roots -= _unread_identityn(index, roots)
         step = index.ancestors(roots, data_only=False)
         self._step = (id(index), step)
         return step
@@ -80,6 +81,16 @@ class Regions:
             if i in members:
                 return label
         return "other"
+
+
+def _unread_identityn(index: GraphIndex, roots: set[int]) -> set[int]:
+    """`IdentityN` ops nothing reads (left so by passes/split_identityn.py): they only
+    forward their inputs, and TensorFlow prunes them, so they are no part of the step (kept,
+    they would read every gradient at the end and hold it alive in the estimate)."""
+    unread = {i for i in roots if index.ops[i] == "IdentityN" and not index.data_consumers(i)}
+    if unread:
+        unread -= {s for ins in index.control_inputs for s in ins}
+    return unread
 
 
 def scope_matcher(scopes: tuple[str, ...] | list[str] | None):

@@ -4,13 +4,24 @@ TF's executor runs the backward chain depth first, so the weight-gradient update
 on the way wait until the chain ends, and every weight gradient stays alive until then: for
 MLPs and transformers that is often the step's peak. This pass adds a control edge from each
 update to the backward ops one step further down the chain (the readers of the gradient's
-siblings), so the chain cannot run ahead of the updates.
+siblings, in the gradient scope), so the chain cannot run ahead of the updates.
 
-Only the order changes, never a value: an update gets an edge only when every read of its
-variable is provably ordered before it (so no read can see the new value), and an edge is
-only added where it provably cannot close a cycle. Both are reachability questions between
-an update and a few ops near it. They are answered without per-update sets over the whole
-graph (one bit per update per op grows as nodes x updates: 16 GB at a million nodes):
+An update's gradient is found by walking up from the write through the backward and
+optimizer regions to the gradient scope: TF1 optimizers read it directly; Keras (TF2)
+optimizers compute the moments on it, write the slots, read them back and then write the
+variable. A Keras optimizer's `IdentityN` over all gradients is split first
+(passes/split_identityn.py), or no update could start before the last gradient.
+
+Only the order changes, never a value. Edges only add order, so every access of a variable
+the graph orders before or after a write stays so; a write is moved only when every access
+of its variable (reads and other writes in the step) is ordered one way or the other with
+it, and so is every state write it waits for (the Adam slots a Keras update reads back).
+A resource variable updated while a read's tensor is still referenced is copied first, so
+each update also waits for the backward readers of its variable's value (the `dx` matmul).
+An edge is only added where it provably cannot close a cycle. These are reachability
+questions between an update and a few ops near it, answered without per-update sets over
+the whole graph (one bit per update per op grows as nodes x updates: 16 GB at a million
+nodes):
 
 - an op placed after the update in topological order cannot be its ancestor;
 - the rest is asked of a reachability index (graph/reachability.py): interval labels answer
@@ -23,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.regions import Regions, is_state_write
-from graphmem.graph.index import VARIABLE_OPS, GraphIndex
+from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex
 from graphmem.graph.reachability import Reachability
 
 
@@ -32,68 +43,199 @@ from graphmem.graph.reachability import Reachability
 class EarlyUpdatesPlan:
     updates: int = 0  # updates that got edges
     edges: int = 0
+    covered: int = 0  # writes moved by a later update's edges (Keras Adam slots)
+    split_identityn: list[str] = field(default_factory=list)  # gradient barriers split first
+    release_edges: int = 0  # edges from a variable value's last readers into its update
+    held_back: int = 0  # products of slots alone (RMSprop's rho * v) made to wait for the gradient
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
 
 
+@dataclass
+class _Update:
+    """An optimizer write and what the walk up from it found: the gradient op it depends on
+    and the other state writes it waits for (Keras writes the Adam slots first, then reads
+    them back for the variable's update)."""
+    op: int
+    gradient: int
+    writes: list[int]
+    slot_products: list[int] = field(default_factory=list)
+
+
 def apply_early_updates(index: GraphIndex, regions: Regions,
-                        checkpoints: list[int] = ()) -> EarlyUpdatesPlan:
+                        checkpoints: list[int] = (), backward_scopes=None) -> EarlyUpdatesPlan:
     """Add the edges to the graph and to `index` (no re-index needed). `checkpoints`: the
     forward ops a recompute pass kept, which the rewritten backward pass reads (landmarks
     for the ordering questions)."""
     plan = EarlyUpdatesPlan()
-    backward = regions.backward
-    updates = [i for i in sorted(regions.optimizer, key=index.position.__getitem__)
-               if is_state_write(index.ops[i]) and _gradient_input(index, i, backward)
-               is not None]
+    in_scope = scope_matcher(backward_scopes)
+    updates: list[_Update] = []
+    for i in sorted(regions.optimizer, key=index.position.__getitem__):
+        if not is_state_write(index.ops[i]):
+            continue
+        found = _gradient_of(index, i, regions, in_scope)
+        if found is _NO_GRADIENT:
+            continue  # not a gradient's update (an iteration count, a beta power)
+        if found is None:
+            _skip(plan, "gradient not found within the search budget")
+            continue
+        updates.append(_Update(i, *found))
     if not updates:
         return plan
     step = regions.step_nodes(index)
-    chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
     reach = Reachability(index, _landmarks(index, regions, checkpoints))
-    for a in updates:
-        if index.in_loop(a):
-            _skip(plan, "inside a loop")
-            continue
-        variable = _variable_of(index, a)
-        if variable is None:
-            _skip(plan, "variable not found")
-            continue
-        reads = [r for r in _reads_of(index, variable, a) if r in step]
-        ordered = [reach.reaches(r, a) for r in reads]
-        if None in ordered:
-            _skip(plan, "ordering not settled within the search budget")
-            continue
-        if not all(ordered):
-            _skip(plan, "a read of the variable is not ordered before the update")
+    verdicts: dict[int, str | None] = {}  # write -> why it must not move (None: it may)
+
+    def verdict(w: int) -> str | None:
+        if w not in verdicts:
+            verdicts[w] = _why_not_movable(index, reach, step, w)
+        return verdicts[w]
+
+    chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
+    for u in updates:
+        a = u.op
+        # moving `a` earlier moves the writes it waits for too: each must be safe to move
+        why = verdict(a) or next((verdict(w) for w in u.writes if verdict(w)), None)
+        if why is not None:
+            _skip(plan, why)
             continue
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
-        targets = [x for x in _next_in_chain(index, a, backward) if not index.in_loop(x)
+        targets = [x for x in _next_in_chain(index, u.gradient, a, regions.backward, in_scope)
+                   if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
             _skip(plan, "no backward op after the gradient")
             continue
         chosen[a] = targets
-    for a in _closing_cycles(index, chosen):
-        del chosen[a]
+    # a write another chosen update waits for (a Keras Adam slot) runs before that update's
+    # edges anyway: its own edges would only repeat them
+    waited_for = {w for u in updates if u.op in chosen for w in u.writes}
+    for u in updates:
+        if u.op in chosen and u.op in waited_for:
+            del chosen[u.op]
+            plan.covered += 1
+    # each update's edges: out to the backward ops that wait for it, and in from the last
+    # readers of its variable's value
+    by_op = {u.op: u for u in updates}
+    edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, a)]
+             + [(by_op[a].gradient, p) for p in by_op[a].slot_products
+                if index.position[p] > index.position[by_op[a].gradient]
+                or reach.reaches(p, by_op[a].gradient) is False]
+             for a, targets in chosen.items()}
+    for a in _closing_cycles(index, edges):
+        del edges[a]
         _skip(plan, "its edges would close a cycle with another update's")
-    added = [(a, x) for a, targets in chosen.items() for x in targets]
-    for a, x in added:
-        index.graph_def.node[x].input.append("^" + index.names[a])
+    added = [e for a_edges in edges.values() for e in a_edges]
+    for u, v in added:
+        index.graph_def.node[v].input.append("^" + index.names[u])
     index.add_control_edges(added)
-    plan.updates = len(chosen)
-    plan.edges = len(added)
+    plan.updates = len(edges)
+    plan.release_edges = sum(1 for _, v in added if v in edges)
+    plan.held_back = sum(1 for u, v in added if u not in edges and v not in edges)
+    plan.edges = len(added) - plan.release_edges - plan.held_back
     return plan
 
 
-def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int]:
-    """Updates whose edges, each safe alone, may close a cycle together with the others'
-    (a1 -> x1 -> ... -> a2 -> x2 -> ... -> a1). Edges that run along the topological order
-    cannot; otherwise one Kahn pass over the graph with every chosen edge finds the ops
-    left waiting, and the updates with an edge into them are dropped: every cycle runs
-    through such an edge, and the graph without them is acyclic."""
+_NO_GRADIENT = object()
+_WALK_BUDGET = 256  # ops expanded per update; a Keras Adam update is about 20 away
+
+
+def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
+    """Walk up from update `a` through the backward and optimizer regions (data and control
+    inputs) to the ops of the gradient scope. Returns (gradient op, state writes passed on
+    the way), `_NO_GRADIENT` when no gradient feeds the update, or None when the walk ran
+    past its budget or reached several gradients (a global-norm clip: no early update)."""
+    backward, optimizer = regions.backward, regions.optimizer
+    data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
+    for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
+        if s in backward and in_scope(names[s]):
+            return _through_identities(index, s, backward), [], []
+    stack, seen = [a], {a}
+    gradients: set[int] = set()
+    writes: list[int] = []
+    products: list[int] = []
+    expanded = 0
+    while stack:
+        i = stack.pop()
+        expanded += 1
+        if expanded > _WALK_BUDGET:
+            return None
+        for s in [s for s, _ in data_inputs[i]] + control_inputs[i]:
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in backward and in_scope(names[s]):
+                gradients.add(_through_identities(index, s, backward))
+            elif s in backward or s in optimizer:
+                if is_state_write(index.ops[s]):
+                    writes.append(s)
+                stack.append(s)
+            elif _is_slot_product(index, s):
+                products.append(s)
+    if not gradients:
+        return _NO_GRADIENT
+    if len(gradients) > 1:
+        return None
+    return gradients.pop(), writes, products
+
+
+_SLOT_PRODUCT_ELEMENTS = 1024
+
+
+def _is_slot_product(index: GraphIndex, s: int) -> bool:
+    """An op computed from variables and constants alone, as large as a weight (RMSprop's
+    `rho * velocity`, a hand-written momentum's `mu * v`). Ready when the step starts, it
+    is run whenever the executor finds nothing else to do, which early updates make happen
+    mid-step: then every layer's product is made at once and held until its gradient
+    arrives. Made to wait for its update's gradient, it lives a moment instead."""
+    if index.in_loop(s) or is_parameter_read(index, s) or index.ops[s] in VARIABLE_OPS:
+        return False
+    ins = index.data_inputs[s]
+    if not ins or not all(is_parameter_read(index, t) for t, _ in ins):
+        return False
+    shape = index.shape((s, 0))
+    if not shape or any(d is None or d < 0 for d in shape):
+        return False
+    elements = 1
+    for d in shape:
+        elements *= d
+    return elements >= _SLOT_PRODUCT_ELEMENTS
+
+
+def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
+                     a: int) -> str | None:
+    """Moving write `a` earlier (adding edges only) keeps every order the graph already
+    fixes; it can change a value only through an access of the same variable that is
+    ordered neither before nor after it. None when there is no such access."""
+    variable = _variable_of(index, a)
+    if variable is None:
+        return "variable not found"
+    if index.in_loop(a):
+        return "inside a loop"
+    for r in _accesses_of(index, variable, a):
+        if r not in step:
+            continue
+        before = reach.reaches(r, a)
+        if before:
+            continue
+        after = reach.reaches(a, r) if before is False else None
+        if after:
+            continue
+        if before is None or after is None:
+            return "ordering not settled within the search budget"
+        return "a read of the variable is not ordered before or after the update"
+    return None
+
+
+def _closing_cycles(index: GraphIndex, edges: dict[int, list[tuple[int, int]]]) -> list[int]:
+    """Updates whose edges (`edges[update]`: (source, destination) pairs), each safe alone,
+    may close a cycle together with the others' (a1 -> x1 -> ... -> a2 -> x2 -> ... -> a1).
+    Edges that run along the topological order cannot; otherwise one Kahn pass over the
+    graph with every edge finds the ops left waiting, and the updates with an edge into
+    them are dropped: every cycle runs through such an edge, and the graph without them is
+    acyclic."""
     position = index.position
-    if all(position[a] < position[x] for a, xs in chosen.items() for x in xs):
+    if all(position[u] < position[v] for es in edges.values() for u, v in es):
         return []
     n = len(index)
     indeg = [0] * n
@@ -108,10 +250,10 @@ def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int
         for s in preds:
             succ[s].append(i)
         indeg[i] = len(preds)
-    for a, xs in chosen.items():
-        for x in xs:
-            succ[a].append(x)
-            indeg[x] += 1
+    for es in edges.values():
+        for u, v in es:
+            succ[u].append(v)
+            indeg[v] += 1
     stack = [i for i in range(n) if indeg[i] == 0]
     while stack:
         i = stack.pop()
@@ -119,7 +261,32 @@ def _closing_cycles(index: GraphIndex, chosen: dict[int, list[int]]) -> list[int
             indeg[j] -= 1
             if indeg[j] == 0:
                 stack.append(j)
-    return [a for a, xs in chosen.items() if any(indeg[x] > 0 for x in xs)]
+    return [a for a, es in edges.items() if any(indeg[v] > 0 for _, v in es)]
+
+
+def _value_readers(index: GraphIndex, reach: Reachability, a: int) -> list[int]:
+    """Backward readers of the variable's value that the update does not wait for yet
+    (the `dx = dy . W^T` matmul reading the forward read of W). A resource variable
+    updated while a read's tensor is still referenced is copied first (copy on write), so
+    an update running before them costs a transient copy of the variable: wait for them.
+    Only readers that provably do not depend on the update (no cycle)."""
+    variable = _variable_of(index, a)
+    if variable is None or index.ops[variable] not in ("_Arg", "VarHandleOp"):
+        return []  # ref variables (TF1) are updated in place, never copied
+    out = []
+    for r in _accesses_of(index, variable, a):
+        if index.ops[r] not in ("ReadVariableOp", "Identity") or index.in_loop(r):
+            continue
+        if reach.reaches(r, a) is not True:
+            continue  # reads after the update (Keras Adam's slot reads) see the new value
+        for c in index.data_consumers(r):
+            if index.in_loop(c) or index.ops[c] in ("Identity", "ReadVariableOp"):
+                continue
+            if index.position[c] > index.position[a] and reach.reaches(a, c) is not False:
+                continue  # c may depend on the update: an edge c -> a could close a cycle
+            if reach.reaches(c, a) is False:
+                out.append(c)
+    return sorted(set(out))
 
 
 def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> list[int]:
@@ -137,13 +304,6 @@ def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> l
     return list(dict.fromkeys(found))[:8]
 
 
-def _gradient_input(index: GraphIndex, a: int, backward: set[int]) -> int | None:
-    for s, _ in index.data_inputs[a]:
-        if s in backward:
-            return s
-    return None
-
-
 def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
     while index.ops[i] == "Identity" and index.data_inputs[i] \
             and index.data_inputs[i][0][0] in backward:
@@ -151,32 +311,51 @@ def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
     return i
 
 
-def _readers_past_identities(index: GraphIndex, i: int, backward: set[int]) -> list[int]:
+def _readers_past_identities(index: GraphIndex, i: int, backward: set[int],
+                              in_scope) -> list[int]:
+    """Backward readers of op i, past Identity ops. Only ops of the gradient scope: the
+    optimizer's own arithmetic on a gradient (Keras computes Adam's moments before the
+    write) is in the backward region too, and an edge into another update's arithmetic
+    would make two updates wait for each other."""
     out = []
     for c in index.data_consumers(i):
         if c not in backward:
             continue
         if index.ops[c] == "Identity":
-            out.extend(_readers_past_identities(index, c, backward))
-        else:
+            out.extend(_readers_past_identities(index, c, backward, in_scope))
+        elif in_scope(index.names[c]):
             out.append(c)
     return out
 
 
-def _next_in_chain(index: GraphIndex, a: int, backward: set[int]) -> list[int]:
+def _next_in_chain(index: GraphIndex, core: int, a: int, backward: set[int],
+                   in_scope) -> list[int]:
     """Readers of the outputs of the gradient op's siblings: the ops that continue the
-    backward chain past the point where the update's gradient was made."""
-    core = _through_identities(index, _gradient_input(index, a, backward), backward)
+    backward chain past the point where the update's gradient `core` was made. A gradient
+    op with several outputs and no sibling (a fused batch norm's gradient makes dx, dgamma
+    and dbeta at once) is continued by the readers of its own other outputs; a gradient
+    made by a short private chain (Keras batch norm: Mul -> Sum -> Reshape) is continued
+    from where that chain leaves the shared gradient."""
     out: set[int] = set()
-    for up, _ in index.data_inputs[core]:
-        if up not in backward:
-            continue
-        for sibling in index.data_consumers(up):
-            if sibling == core or sibling not in backward:
-                continue
-            out.update(_readers_past_identities(index, sibling, backward))
+    for _ in range(_CHAIN_LEVELS):
+        ups = [u for u, _ in index.data_inputs[core]
+               if u in backward and index.ops[u] not in _NOT_GRADIENTS]
+        for up in ups:
+            for sibling in index.data_consumers(up):
+                if sibling == core or sibling not in backward:
+                    continue
+                out.update(_readers_past_identities(index, sibling, backward, in_scope))
+        if not out and index.num_outputs[core] > 1:
+            out.update(_readers_past_identities(index, core, backward, in_scope))
+        if out or len(ups) != 1 or set(index.data_consumers(ups[0])) != {core}:
+            break
+        core = ups[0]  # the gradient's only source reads nothing else: one level up
     out.discard(a)
     return sorted(out)
+
+
+_CHAIN_LEVELS = 8  # levels of a gradient's private chain walked up (Keras BN: 3)
+_NOT_GRADIENTS = SHAPE_ONLY_OPS | {"Const", "HostConst"}  # shape inputs of a Reshape, ...
 
 
 def _variable_of(index: GraphIndex, a: int) -> int | None:
@@ -186,22 +365,22 @@ def _variable_of(index: GraphIndex, a: int) -> int | None:
     return s if index.ops[s] in VARIABLE_OPS or index.ops[s] == "_Arg" else None
 
 
-def _reads_of(index: GraphIndex, variable: int, a: int) -> list[int]:
-    """Every op that reads the variable's value (through Identity chains), the update's
-    own inputs aside."""
-    reads, stack = [], list(index.data_consumers(variable))
+def _accesses_of(index: GraphIndex, variable: int, a: int) -> list[int]:
+    """Every op that reads the variable's value (through Identity chains) or writes it,
+    the update itself aside."""
+    accesses, stack = [], list(index.data_consumers(variable))
     seen = set(stack)
     while stack:
         c = stack.pop()
-        if c == a or is_state_write(index.ops[c]):
+        if c == a:
             continue
-        reads.append(c)
+        accesses.append(c)
         if index.ops[c] in ("Identity", "RefIdentity"):
             for d in index.data_consumers(c):
                 if d not in seen:
                     seen.add(d)
                     stack.append(d)
-    return reads
+    return accesses
 
 
 def _skip(plan: EarlyUpdatesPlan, why: str) -> None:

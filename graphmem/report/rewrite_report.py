@@ -108,7 +108,13 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     if result.early is not None:
         e = result.early
         console.print(f"early updates: {e.updates} optimizer updates run as soon as their "
-                      f"gradient is ready ({e.edges} control edges)"
+                      f"gradient is ready ({e.edges} control edges"
+                      + (f", {e.release_edges} from the last readers of their variables"
+                         if e.release_edges else "")
+                      + (f"; {e.covered} slot writes move with them" if e.covered else "")
+                      + ")"
+                      + (f"; split {', '.join(e.split_identityn)} (one Identity per gradient)"
+                         if e.split_identityn else "")
                       + "".join(f"; {n} skipped: {why}" for why, n in e.skipped.items()))
     b, a = result.before, result.after
     ratio = a.peak_bytes / b.peak_bytes if b.peak_bytes else 1.0
