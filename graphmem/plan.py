@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import analyze_forward
-from graphmem.analysis.cost import op_flops
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.spine import analyze_spine
 from graphmem.estimate import estimate_step
@@ -20,8 +19,7 @@ from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import build_units, solve_budget
 from graphmem.passes.checkpoints import candidate_tensors
-from graphmem.passes.recompute import COPY_SCOPE
-from graphmem.rewrite import RewriteOptions, early_updates_peak, rewrite_workspace
+from graphmem.rewrite import RewriteOptions, copied_flops, early_updates_peak, rewrite_workspace
 
 
 @dataclass
@@ -70,7 +68,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
                                                       keep_worse=True))
     result.smallest_peak_bytes = min(lowest.after.peak_bytes, no_recompute)
     points = [TradeoffPoint("lowest plan", lowest.after.peak_bytes,
-                            _copied_flops(ws_low.index, batch_size) / total, "estimate")]
+                            copied_flops(ws_low.index, batch_size) / total, "estimate")]
     for k in range(steps):
         budget = int(low + (original - low) * k / max(steps - 1, 1))
         sol = solve_budget(units, base, budget)
@@ -82,14 +80,9 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
         ws_p = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
         res = rewrite_workspace(ws_p, RewriteOptions(policy, [], batch_size, keep_worse=True))
         result.policies.append(TradeoffPoint(policy, res.after.peak_bytes,
-                                             _copied_flops(ws_p.index, batch_size) / total,
+                                             copied_flops(ws_p.index, batch_size) / total,
                                              "estimate"))
     return result
-
-
-def _copied_flops(index, batch_size: int | None) -> int:
-    return sum(op_flops(index, i, batch_size) for i in range(len(index))
-               if index.names[i].startswith(COPY_SCOPE + "/"))
 
 
 def _pareto(points: list[TradeoffPoint]) -> list[TradeoffPoint]:

@@ -78,19 +78,17 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                                           ws.model.graph_def.library.function}) \
         if options.recompute_loops else set()
     facts = analyze_forward(index, regions, replayable)
-    host = options.swap.host if options.swap else None
-
-    def estimate_original() -> MemoryEstimate:
-        return estimate_step(ws, regions, options.batch_size, options.backward_scopes,
-                             options.grappler, keep_timeline=options.keep_timeline,
-                             host_device=host)
-
     # The estimate of the original graph waits for nothing the passes do: a forked child
     # computes it while they run (the budget policy needs it first; Grappler imports TF)
     aside = options.policy != "budget" and not options.grappler
-    before_job = Background(estimate_original, len(index), force=None if aside else False)
+    before_job = Background(lambda: _estimate(ws, regions, options), len(index),
+                            force=None if aside else False)
     nodes_before = len(index)
     original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
+
+    def restore():
+        ws.graph_def.ParseFromString(original)
+        return ws.reindex(appended=False)
     budget = solution = base_peak = None
     if options.policy == "budget":
         base_peak = before_job.result().peak_bytes
@@ -100,8 +98,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
         # remove most of it, and a base from the original would buy recompute for nothing
         base_peak = early_updates_peak(ws, index, regions, facts, options)
-        ws.graph_def.ParseFromString(original)
-        ws.reindex(appended=False)
+        restore()
     correction = 0  # what the estimate found above the budget model, learned per attempt
     for attempt in range(4):
         if budget is not None:
@@ -115,62 +112,56 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
         plan, swap_plan, early, new_index, new_regions = _apply_passes(
             ws, index, regions, facts, choice, checkpoints, options)
-        after = estimate_step(ws, new_regions, options.batch_size, options.backward_scopes,
-                              options.grappler, keep_timeline=options.keep_timeline,
-                              host_device=host)
+        after = _estimate(ws, new_regions, options)
         if budget is None or solution is None or after.peak_bytes <= budget \
                 or not solution.feasible or attempt == 3:
             break
         # the model was optimistic for this graph: learn by how much, and plan again
         correction += after.peak_bytes - solution.model_peak - correction
-        ws.graph_def.ParseFromString(original)
-        ws.reindex(appended=False)
+        restore()
     if solution is not None:
         # The budget model's plan is one candidate; the memory and speed policies' plans
         # are two more (the model is a chain of segments and misjudges some graphs): the
         # one with the least recompute that fits wins, or the lowest when none fits.
         runs = [_Run("budget", choice, checkpoints,
                      (plan, swap_plan, early, new_index, new_regions), after,
-                     _copied_flops(new_index, options.batch_size))]
+                     copied_flops(new_index, options.batch_size))]
         for policy in ("memory", "speed"):
-            ws.graph_def.ParseFromString(original)
-            ws.reindex(appended=False)
+            restore()
             alt = choose_checkpoints(policy, index, regions, facts, options.batch_size)
             alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
             alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
-            alt_after = estimate_step(ws, alt_run[4], options.batch_size,
-                                      options.backward_scopes, options.grappler,
-                                      keep_timeline=options.keep_timeline, host_device=host)
-            runs.append(_Run(policy, alt, alt_facts, alt_run, alt_after,
-                             _copied_flops(alt_run[3], options.batch_size)))
+            runs.append(_Run(policy, alt, alt_facts, alt_run, _estimate(ws, alt_run[4], options),
+                             copied_flops(alt_run[3], options.batch_size)))
         fitting = [r for r in runs if r.after.peak_bytes <= budget]
         best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
             min(runs, key=lambda r: r.after.peak_bytes)
         if best is not runs[-1]:  # the workspace holds the last plan applied: redo the best
-            ws.graph_def.ParseFromString(original)
-            ws.reindex(appended=False)
+            restore()
             best.passes = _apply_passes(ws, index, regions, facts, best.choice,
                                         best.checkpoints, options)
         choice, checkpoints, after = best.choice, best.checkpoints, best.after
         plan, swap_plan, early, new_index, new_regions = best.passes
-        if best.policy != "budget":
-            choice.policy = "budget"
-            choice.note = f"the {best.policy} policy's plan"
+        choice.policy = "budget"
         choice.note = _budget_note(solution, budget, after.peak_bytes, best.policy,
                                    runs[0], best)
         solution.chosen, solution.extra_flops = best.policy, best.extra_flops
-    before = before_job.result() or _estimate_bytes(ws, original, options, host)
+    before = before_job.result() or _estimate_bytes(ws, original, options)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
-        ws.graph_def.ParseFromString(original)
-        new_index = ws.reindex(appended=False)
+        new_index = restore()
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
                          nodes_before, len(new_index), reverted, early, budget, solution)
 
 
-def _estimate_bytes(ws: Workspace, graph: bytes, options: RewriteOptions,
-                    host: str | None) -> MemoryEstimate:
+def _estimate(ws: Workspace, regions, options: RewriteOptions) -> MemoryEstimate:
+    return estimate_step(ws, regions, options.batch_size, options.backward_scopes,
+                         options.grappler, keep_timeline=options.keep_timeline,
+                         host_device=options.swap.host if options.swap else None)
+
+
+def _estimate_bytes(ws: Workspace, graph: bytes, options: RewriteOptions) -> MemoryEstimate:
     """Estimate the graph serialized in `graph` without touching the workspace (when the
     child estimating the original failed)."""
     graph_def = type(ws.graph_def)()
@@ -179,9 +170,7 @@ def _estimate_bytes(ws: Workspace, graph: bytes, options: RewriteOptions,
     index = other.reindex(appended=False)
     regions = analyze_regions(index, options.backward_scopes, options.batch_size,
                               ws.collection("losses"))
-    return estimate_step(other, regions, options.batch_size, options.backward_scopes,
-                         options.grappler, keep_timeline=options.keep_timeline,
-                         host_device=host)
+    return _estimate(other, regions, options)
 
 
 def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOptions) -> int:
@@ -205,7 +194,8 @@ class _Run:
     extra_flops: int  # FLOPs of the ops it copies
 
 
-def _copied_flops(index, batch_size: int | None) -> int:
+def copied_flops(index, batch_size: int | None) -> int:
+    """Extra forward FLOPs of a rewritten graph: those of its recompute copies."""
     return sum(op_flops(index, i, batch_size) for i in range(len(index))
                if index.names[i].startswith(COPY_SCOPE + "/"))
 

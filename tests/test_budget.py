@@ -199,12 +199,12 @@ def test_plan_bottom_is_a_peak_a_budget_rewrite_reaches(tmp_path):
 def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path):
     from graphmem.formats import load_model
     from graphmem.graph.workspace import Workspace
-    from graphmem.rewrite import _copied_flops, rewrite_workspace
+    from graphmem.rewrite import copied_flops, rewrite_workspace
 
     src = fixture_path(name)
     ws = Workspace.open(load_model(src), batch_size=32)
     memory = rewrite_workspace(ws, RewriteOptions("memory", [], 32))
-    memory_flops = _copied_flops(ws.index, 32)  # as the budget policy counts its own
+    memory_flops = copied_flops(ws.index, 32)  # as the budget policy counts its own
     budget = rewrite_file(src, tmp_path / "b.meta", RewriteOptions(
         "budget", [], 32, budget=str(memory.after.peak_bytes)))
     assert budget.budget.feasible and budget.after.peak_bytes <= memory.after.peak_bytes

@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from graphmem.graph.index import GraphIndex, Tensor, nbytes
+from graphmem.graph.index import V2_LOOP_OPS, GraphIndex, Tensor, nbytes
 
 _FORWARDS = frozenset({"Identity", "Enter", "RefEnter", "Cast", "Snapshot", "StopGradient"})
 _COMPARE = frozenset({"Less", "LessEqual", "Greater", "GreaterEqual"})
 _ADD = frozenset({"Add", "AddV2"})
-_WHILE = frozenset({"While", "StatelessWhile"})
 _MAX_DEPTH = 24  # static values are small expressions; a deeper one is not worth following
 
 
@@ -98,9 +97,9 @@ def analyze_loops(index: GraphIndex, batch_size: int | None,
     ops = index.ops
     has_v1 = any(index.frame)
     op_types = set(ops)
-    if not has_v1 and not op_types & (_WHILE | {"TensorListFromTensor"}):
+    if not has_v1 and not op_types & (V2_LOOP_OPS | {"TensorListFromTensor"}):
         return facts  # most graphs: two quick scans, nothing to size
-    whiles = [i for i in range(len(index)) if ops[i] in _WHILE] if op_types & _WHILE else []
+    whiles = [i for i in range(len(index)) if ops[i] in V2_LOOP_OPS] if op_types & V2_LOOP_OPS else []
     values = StaticValues(index, batch_size)
     if has_v1:
         _v1_stacks(index, values, facts)

@@ -12,7 +12,14 @@ import re
 from dataclasses import dataclass, field
 
 from graphmem.errors import InputError
-from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.index import (
+    SHAPE_ONLY_OPS,
+    V2_LOOP_OPS,
+    VARIABLE_OPS,
+    GraphIndex,
+    Tensor,
+    nbytes,
+)
 
 DEFAULT_BACKWARD_SCOPES = (r"(^|/)gradients(_\d+)?/", r"(^|/)gradient_tape/")
 _WRITE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply", "Assign",
@@ -135,7 +142,6 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
 
 
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})
-_WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 
 def _backward_seeds(index: GraphIndex, in_scope) -> list[int]:
@@ -156,7 +162,7 @@ def _forward_loop_accumulator(index: GraphIndex, i: int, in_scope) -> bool:
     if index.ops[i] not in _ACCUMULATOR_OPS:
         return False
     readers = index.data_consumers(i)
-    return bool(readers) and all(index.ops[r] in _WHILE_OPS and not in_scope(index.names[r])
+    return bool(readers) and all(index.ops[r] in V2_LOOP_OPS and not in_scope(index.names[r])
                                  for r in readers)
 
 

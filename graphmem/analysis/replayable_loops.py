@@ -18,19 +18,17 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from graphmem.graph.function_view import functions_named
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import CONTROL_FLOW_V2, V2_LOOP_OPS, GraphIndex
 
-LOOP_OPS = frozenset({"While", "StatelessWhile"})
 # stateful in the op registry, but only read state (or call functions judged on their own)
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
                     "VarIsInitializedOp"})
-_CALLS = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase",
-                    "PartitionedCall", "StatefulPartitionedCall"})
+_CALLS = CONTROL_FLOW_V2 | {"PartitionedCall", "StatefulPartitionedCall"}
 
 
 def replayable_loops(index: GraphIndex, library: dict[str, Message]) -> set[int]:
     """Loop ops of the graph (outside any v1 frame) whose copy yields the same outputs."""
-    loops = [i for i in range(len(index)) if index.ops[i] in LOOP_OPS and not index.in_loop(i)]
+    loops = [i for i in range(len(index)) if index.ops[i] in V2_LOOP_OPS and not index.in_loop(i)]
     if not loops:
         return set()
     impure = _impure_functions(index, library)

@@ -15,7 +15,6 @@ from graphmem import protos
 from graphmem.errors import InputError
 from graphmem.formats.model import Format, LoadedModel
 from graphmem.graph.function_view import functions_named
-from graphmem.graph.index import CONTROL_FLOW_V2
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 _META_TEXT_FIELDS = ("meta_info_def", "graph_def", "saver_def", "collection_def", "signature_def",
@@ -143,35 +142,19 @@ def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
 
 
 def training_functions(graph_def: Message) -> list[str]:
-    """Functions of the library that hold a backward pass (TF2 train steps). The bodies
-    and conditions of loops and conditionals are parts of a step, never steps of their own
-    (a gradient loop's body holds `gradients/` ops too)."""
-    parts = _control_flow_functions(graph_def)
-    found = []
-    for fdef in graph_def.library.function:
-        if fdef.signature.name not in parts and any(_is_backward_name(n.name)
-                                                    for n in fdef.node_def):
-            found.append(fdef.signature.name)
-    return sorted(found)
-
-
-_FUNCTION_ATTRS = ("body", "cond", "then_branch", "else_branch")
-
-
-def _control_flow_functions(graph_def: Message) -> set[str]:
-    """Names of the functions While / If / Case ops run (their attrs name them)."""
-    found: set[str] = set()
-    nodes = [graph_def.node] + [f.node_def for f in graph_def.library.function]
-    for group in nodes:
-        for n in group:
-            if n.op not in CONTROL_FLOW_V2:
-                continue
-            for key in _FUNCTION_ATTRS:
-                if key in n.attr:
-                    found.add(n.attr[key].func.name)
-            if "branches" in n.attr:
-                found.update(f.name for f in n.attr["branches"].list.func)
-    return found
+    """Functions of the library that hold a backward pass (TF2 train steps). A function that
+    another such function calls (a loop's body or condition, their gradients, an If branch,
+    a PartitionedCall target) is part of that step, never a step of its own: a gradient
+    loop's body holds `gradients/` ops too."""
+    library = graph_def.library.function
+    found = {f.signature.name for f in library
+             if any(_is_backward_name(n.name) for n in f.node_def)}
+    called: set[str] = set()
+    for fdef in library:
+        if fdef.signature.name in found:
+            for node in fdef.node_def:
+                called |= functions_named(node)
+    return sorted(found - called or found)
 
 
 def _is_backward_name(name: str) -> bool:
@@ -194,25 +177,9 @@ def _choose_function(model: LoadedModel, function: str | None) -> str | None:
                          f"(training functions: {shown})")
     if any(_is_backward_name(n.name) for n in model.graph_def.node):
         return None
-    if len(candidates) > 1:  # a function a train step calls (PartitionedCall) may hold
-        # backward ops too: the train step is the one no other training function calls
-        called = _called_functions(model.graph_def, set(candidates))
-        candidates = [c for c in candidates if c not in called] or candidates
     if len(candidates) == 1:
         return candidates[0]
     if len(candidates) > 1:
         raise InputError("the graph's library holds several training functions; choose one "
                          f"with --function ({', '.join(candidates)})")
     return None
-
-
-def _called_functions(graph_def: Message, callers: set[str]) -> set[str]:
-    """Functions that the `callers` name in their ops' attrs (While bodies and conditions,
-    If branches, PartitionedCall targets, their gradients)."""
-    called: set[str] = set()
-    for fdef in graph_def.library.function:
-        if fdef.signature.name not in callers:
-            continue
-        for node in fdef.node_def:
-            called |= functions_named(node)
-    return called

@@ -23,8 +23,8 @@ _UNPARSED: list = []  # sentinel: shapes present in the NodeDef, not parsed yet
 CONTROL_FLOW_V1 = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge",
                              "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
                              "LoopCond"})
-CONTROL_FLOW_V2 = frozenset({"While", "StatelessWhile", "If", "StatelessIf", "Case",
-                             "StatelessCase"})
+V2_LOOP_OPS = frozenset({"While", "StatelessWhile"})
+CONTROL_FLOW_V2 = V2_LOOP_OPS | {"If", "StatelessIf", "Case", "StatelessCase"}
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable",
                           "_VarHandlesOp"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
@@ -174,31 +174,21 @@ class GraphIndex:
             if any(self.frame):
                 self._condense_loops()
 
+    def ordering_preds(self, i: int) -> list[int]:
+        """The ops node i waits for: data and control inputs, less a Merge's loop back edge
+        (NextIteration), which a topological order ignores."""
+        ops = self.ops
+        if ops[i] in ("Merge", "RefMerge"):
+            preds = [s for s, _ in self.data_inputs[i]
+                     if ops[s] not in ("NextIteration", "RefNextIteration")]
+        else:
+            preds = [s for s, _ in self.data_inputs[i]]
+        return preds + self.control_inputs[i]
+
     def _toposort(self) -> None:
         """Kahn's algorithm over data and control edges, ignoring loop back edges."""
         n = len(self.names)
-        indeg = [0] * n
-        succ: list[list[int]] = [[] for _ in range(n)]
-        ops, data_inputs, control_inputs = self.ops, self.data_inputs, self.control_inputs
-        for i in range(n):
-            if ops[i] in ("Merge", "RefMerge"):
-                preds = [s for s, _ in data_inputs[i]
-                         if ops[s] not in ("NextIteration", "RefNextIteration")]
-            else:
-                preds = [s for s, _ in data_inputs[i]]
-            preds += control_inputs[i]
-            for s in preds:
-                succ[s].append(i)
-            indeg[i] = len(preds)
-        ready = deque(i for i in range(n) if indeg[i] == 0)
-        order: list[int] = []
-        while ready:
-            i = ready.popleft()
-            order.append(i)
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    ready.append(j)
+        order, indeg = kahn([self.ordering_preds(i) for i in range(n)])
         if len(order) != n:
             stuck = next(self.names[i] for i in range(n) if indeg[i] > 0)
             raise InputError(f"the graph has a cycle outside any loop (through {stuck!r})")
@@ -448,6 +438,28 @@ class GraphIndex:
             if f:
                 counts[f] = counts.get(f, 0) + 1
         return counts
+
+
+def kahn(preds: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Kahn's algorithm over predecessor lists (node ids 0..len-1): the order it reaches
+    (first in, first out), and each node's count of predecessors never reached, which is
+    non-zero exactly for the nodes on or after a cycle."""
+    n = len(preds)
+    indeg = [len(p) for p in preds]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i, p in enumerate(preds):
+        for s in p:
+            succ[s].append(i)
+    ready = deque(i for i in range(n) if indeg[i] == 0)
+    order: list[int] = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    return order, indeg
 
 
 class _SignatureCache:

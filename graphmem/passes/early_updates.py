@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
-from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, kahn
 from graphmem.graph.reachability import Reachability
 
 
@@ -237,30 +237,11 @@ def _closing_cycles(index: GraphIndex, edges: dict[int, list[tuple[int, int]]]) 
     position = index.position
     if all(position[u] < position[v] for es in edges.values() for u, v in es):
         return []
-    n = len(index)
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for i in range(n):
-        if index.ops[i] in ("Merge", "RefMerge"):
-            preds = [s for s, _ in index.data_inputs[i]
-                     if index.ops[s] not in ("NextIteration", "RefNextIteration")]
-        else:
-            preds = [s for s, _ in index.data_inputs[i]]
-        preds += index.control_inputs[i]
-        for s in preds:
-            succ[s].append(i)
-        indeg[i] = len(preds)
+    preds = [index.ordering_preds(i) for i in range(len(index))]
     for es in edges.values():
         for u, v in es:
-            succ[u].append(v)
-            indeg[v] += 1
-    stack = [i for i in range(n) if indeg[i] == 0]
-    while stack:
-        i = stack.pop()
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                stack.append(j)
+            preds[v].append(u)
+    _, indeg = kahn(preds)
     return [a for a, es in edges.items() if any(indeg[v] > 0 for _, v in es)]
 
 

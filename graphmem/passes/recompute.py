@@ -25,7 +25,7 @@ from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph import dtypes
-from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor
+from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
 from graphmem.graph.names import input_string, parse_input
 
 COPY_SCOPE = "graphmem_recompute"
@@ -90,9 +90,9 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     groups: list[_Group] = []
     for seg in sorted(by_segment):
-        start = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
+        reach = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
         for group_targets, needed in _independent_groups(index, by_segment[seg], keep,
-                                                         recomputable, start):
+                                                         recomputable, reach):
             copy_name = {i: f"{COPY_SCOPE}/s{seg}/{index.names[i]}" for i in needed}
             consumers = _rewire(index, group_targets, copy_name, rewires)
             own = _triggers(index, regions, consumers) if consumers else set()
@@ -201,9 +201,10 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
     just before k's). Walking that segment's copied ops up from its bottom, the cut is where
     their forward FLOPs reach LEAD_RATIO times those of k's copies; k's triggers are then
     those of the next segment's targets below the cut: the backward ops that bring the
-    gradient into that part. One walk per segment: linear in the ops copied. A lead trigger must sit before every reader of the group's copies
-    and every optimizer write ordered after them in the topological order, so it cannot
-    depend on the copies (no cycle); otherwise the group keeps its own triggers.
+    gradient into that part. One walk per segment: linear in the ops copied. A lead trigger
+    must sit before every reader of the group's copies and every optimizer write ordered
+    after them in the topological order, so it cannot depend on the copies (no cycle);
+    otherwise the group keeps its own triggers.
     """
     by_seg: dict[int, list[_Group]] = {}
     for group in groups:
@@ -237,7 +238,7 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
             continue
         bound = min([position[c] for c in group.consumers] +
                     [position[w] for w, _ in group.ref_writes])
-        if lead and all(position[t] < bound for t in lead):
+        if all(position[t] < bound for t in lead):
             out[n] = lead
     return out
 
@@ -262,51 +263,30 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
                 min(position[c] for c in grp.consumers)]
     if not suspects:
         return []
-    n, ops = len(index), index.ops
+    n = len(index)
     copy_id: dict[str, int] = {}
     owner: list[int] = []  # copy -> its group
     for k, grp in enumerate(groups):
         for i in sorted(grp.needed):
             copy_id[grp.copy_name[i]] = n + len(owner)
             owner.append(k)
-    preds: list[list[int]] = []  # of each copy, triggers apart: its original's inputs,
+    copy_preds: list[list[int]] = []  # of each copy, triggers apart: its original's inputs,
     for grp in groups:  # copies of the same group where there is one
         for i in sorted(grp.needed):
             ins = [s for s, _ in index.data_inputs[i]] + index.control_inputs[i]
-            preds.append([copy_id[grp.copy_name[j]] if j in grp.copy_name else j
-                          for j in ins])
-    original: list[list[int]] = []  # data inputs (reads of copies where rewired) + control
-    for i in range(n):
-        if ops[i] in ("Merge", "RefMerge"):  # loop back edges, as the index ignores them
-            data = [s for s, _ in index.data_inputs[i]
-                    if ops[s] not in ("NextIteration", "RefNextIteration")]
-        else:
-            data = [s for s, _ in index.data_inputs[i]]
-        for slot, text in rewires.get(i, {}).items():
-            if slot < len(data):
-                data[slot] = copy_id[parse_input(text)[0]]
-        original.append(data + index.control_inputs[i])
+            copy_preds.append([copy_id[grp.copy_name[j]] if j in grp.copy_name else j
+                               for j in ins])
+    original = [index.ordering_preds(i) for i in range(n)]  # what each op waits for
+    for i, slots in rewires.items():  # backward readers pointed at copies (never a Merge)
+        data = [s for s, _ in index.data_inputs[i]]
+        for slot, text in slots.items():
+            data[slot] = copy_id[parse_input(text)[0]]  # data inputs come first in a node
+        original[i] = data + index.control_inputs[i]
     dropped: set[int] = set()
     while True:
-        total = n + len(owner)
-        succ: list[list[int]] = [[] for _ in range(total)]
-        indeg = [0] * total
-        for i in range(n):
-            for s in original[i]:
-                succ[s].append(i)
-            indeg[i] = len(original[i])
-        for c, k in enumerate(owner):
-            extra = () if k in dropped else groups[k].triggers
-            for s in (*preds[c], *extra):
-                succ[s].append(n + c)
-                indeg[n + c] += 1
-        stack = [i for i in range(total) if indeg[i] == 0]
-        while stack:
-            i = stack.pop()
-            for j in succ[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    stack.append(j)
+        _, indeg = kahn(original + [
+            copy_preds[c] + ([] if k in dropped else list(groups[k].triggers))
+            for c, k in enumerate(owner)])
         culprits = {k for c, k in enumerate(owner) if indeg[n + c] > 0 and k not in dropped
                     and any(indeg[t] > 0 for t in groups[k].triggers)}
         if not culprits:
@@ -315,11 +295,11 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
 
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
-                        recomputable: set[int], start: int) -> list[tuple[list, set[int]]]:
+                        recomputable: set[int], reach: int) -> list[tuple[list, set[int]]]:
     """Split a segment's targets into groups whose copies share no op, so that each group
     is held back by the backward ops that need it, not by those of an unrelated branch.
 
-    Copies reach back to kept tensors, and no further than `start` (a topological position,
+    Copies reach back to kept tensors, and no further than `reach` (a topological position,
     REACH_SEGMENTS segments back): an op before it is read as it is, which keeps its output
     alive like a checkpoint. Without that bound, checkpoints that do not cut the graph (the
     speed policy keeps matmul outputs; a residual chain's adds go around them) would make
@@ -347,7 +327,7 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
                 continue
             owner[i] = t_id
             for src, k in index.data_inputs[i]:
-                if src in recomputable and (src, k) not in keep and position[src] > start:
+                if src in recomputable and (src, k) not in keep and position[src] > reach:
                     stack.append(src)
     groups: dict[int, tuple[list, set[int]]] = {}
     for t_id, s in enumerate(targets):
