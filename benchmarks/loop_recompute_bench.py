@@ -16,7 +16,8 @@ Each is rewritten with `--policy memory` and with `--policy memory --recompute-l
 every variant is measured in fresh processes (benchmarks/measure.py: TF allocator peak above
 resident, median of 3 processes, steps 2..6) at inter-op threads 1 and 2, and trained with
 `graphmem verify --exact` against the original. Prints peak and step time relative to the
-original. Expected duration on 2 cores: ~4 minutes (`--quick`: one process per setting, ~2).
+original, and the estimated peak after the rewrite relative to the original's. Expected
+duration on 2 cores: ~4 minutes (`--quick`: one process per setting, ~2).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {args.batch}; peak and step time x original at inter-op threads 1 | 2; "
               f"median of {processes} process(es)")
         print(f"{'model':<12} {'variant':<14} {'copied':>6} {'peak x':>13} {'time x':>13} "
-              f"{'exact':>6}")
+              f"{'exact':>6} {'est. x':>7}")
         for name, src in models.items():
             base = {t: measure(str(src), args.batch, t, processes=processes) for t in (1, 2)}
             for variant, extra in VARIANTS.items():
@@ -113,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                               3, 0.0, 0.0).same_training
                 peak = " | ".join(f"{got[t]['peak'] / base[t]['peak']:.2f}" for t in (1, 2))
                 secs = " | ".join(f"{got[t]['seconds'] / base[t]['seconds']:.2f}" for t in (1, 2))
+                est = result.after.peak_bytes / result.before.peak_bytes
                 print(f"{name:<12} {variant:<14} {result.plan.copied_ops:>6} {peak:>13} "
-                      f"{secs:>13} {'yes' if same else 'NO':>6}", flush=True)
+                      f"{secs:>13} {'yes' if same else 'NO':>6} {est:>7.3f}", flush=True)
             print(f"{name:<12} {'original MiB':<14} {'':>6} "
                   f"{base[1]['peak'] / 2**20:>6.1f} | {base[2]['peak'] / 2**20:<5.1f}")
     return 0
