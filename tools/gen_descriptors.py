@@ -14,9 +14,14 @@ from google.protobuf import descriptor_pb2
 
 
 def main() -> None:
-    from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2, config_pb2  # noqa: F401
-    from tensorflow.core.framework import graph_pb2, function_pb2  # noqa: F401
-    from tensorflow.core.protobuf import saved_object_graph_pb2, trackable_object_graph_pb2  # noqa: F401
+    from tensorflow.core.framework import function_pb2, graph_pb2  # noqa: F401
+    from tensorflow.core.protobuf import (  # noqa: F401  # noqa: F401
+        config_pb2,
+        meta_graph_pb2,
+        saved_model_pb2,
+        saved_object_graph_pb2,
+        trackable_object_graph_pb2,
+    )
 
     roots = [
         saved_model_pb2.DESCRIPTOR,

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from graphmem.errors import InputError
+from graphmem.graph import dtypes
 from graphmem.graph.index import (
     SHAPE_ONLY_OPS,
     V2_LOOP_OPS,
@@ -231,4 +232,4 @@ def _gradient_targets(index: GraphIndex, backward: set[int]) -> set[str]:
     return out
 
 
-_FLOAT_TYPES = frozenset({1, 2, 14, 19})
+_FLOAT_TYPES = dtypes.FLOATS

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.graph import dtypes
 from graphmem.graph.index import CONTROL_FLOW_V1, GraphIndex, Tensor
 
 _ENTER = ("Enter", "RefEnter")
@@ -57,7 +58,7 @@ class V1Loop:
     problem: str = ""  # why the loop must be left as it is ("" when it can be edited)
 
 
-_FLOAT_TYPES = frozenset({1, 2, 14, 19})  # float32, float64, bfloat16, float16
+_FLOAT_TYPES = dtypes.FLOATS
 
 
 def find_v1_loops(index: GraphIndex) -> list[V1Loop]:

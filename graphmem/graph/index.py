@@ -27,6 +27,7 @@ V2_LOOP_OPS = frozenset({"While", "StatelessWhile"})
 CONTROL_FLOW_V2 = V2_LOOP_OPS | {"If", "StatelessIf", "Case", "StatelessCase"}
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable",
                           "_VarHandlesOp"})
+SUM_OPS = frozenset({"Add", "AddV2", "AddN"})  # how gradients are summed
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
                             "TensorShape"})
 
@@ -434,6 +435,15 @@ class GraphIndex:
 
     def in_loop(self, i: int) -> bool:
         return bool(self.frame[i])
+
+    def through_identity(self, i: int, limit: int = 8) -> int:
+        """The op behind a chain of Identity ops ending at op i (TF's gradient tuples and
+        loop bodies wrap values in them)."""
+        for _ in range(limit):
+            if self.ops[i] != "Identity" or not self.data_inputs[i]:
+                break
+            i = self.data_inputs[i][0][0]
+        return i
 
     def may_be_dead(self, i: int) -> bool:
         """Whether op i can produce a dead tensor: it runs in a control-flow v1 branch (a

@@ -23,9 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphmem.analysis.regions import Regions, is_parameter_read
-from graphmem.graph.index import GraphIndex, closing_cycles
+from graphmem.graph.index import SUM_OPS, GraphIndex, closing_cycles
 
-JOIN_OPS = frozenset({"AddN", "Add", "AddV2"})
 MIN_BYTES = 4096  # smaller terms are not worth an edge
 MAX_CHAIN = 8  # ops in a deferred chain: decay terms are one to three element-wise ops
 CHEAP_FRACTION = 16  # an outside input up to term / 16 bytes may be held longer
@@ -46,7 +45,7 @@ def apply_late_terms(index: GraphIndex, regions: Regions,
     edges: dict[int, list[tuple[int, int]]] = {}  # join -> its edges
     deferred: dict[int, list[int]] = {}  # join -> bytes of each term it defers
     for j in index.topo:
-        if j not in backward or index.ops[j] not in JOIN_OPS or not _always_runs(index, j):
+        if j not in backward or index.ops[j] not in SUM_OPS or not _always_runs(index, j):
             continue
         inputs = index.data_inputs[j]
         if len(inputs) < 2:

@@ -35,8 +35,9 @@ from google.protobuf.message import Message
 
 from graphmem.analysis.body_recompute import BodyRecompute, plan_body_recompute
 from graphmem.analysis.loops import StaticValues, _list_element_bytes, allocation_bytes
+from graphmem.graph.dtypes import FLOATS
 from graphmem.graph.function_view import ARG_OP, RETVAL_OP, FunctionView, functions_named
-from graphmem.graph.index import V2_LOOP_OPS, GraphIndex, Tensor
+from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor
 from graphmem.graph.names import input_string, parse_input
 from graphmem.passes.checkpoints import EXPENSIVE_OPS
 
@@ -137,7 +138,7 @@ def _one_loop(index, w, functions, refs, keep_ops, batch_size, plan, backup) -> 
     grads = set()
     candidates = []
     for j, t in enumerate(index.data_inputs[w]):
-        src = _through_identity(index, t[0])
+        src = index.through_identity(t[0])
         if index.ops[src] != "EmptyTensorList":
             continue
         readers = index.consumers.get((w, j), [])
@@ -236,14 +237,6 @@ def _args_rets(ix: GraphIndex) -> tuple[dict[int, int], dict[int, Tensor]]:
     rets = {k: ix.data_inputs[i][0] for k, i in enumerate(_retval_nodes(ix))
             if ix.data_inputs[i]}
     return args, rets
-
-
-def _through_identity(ix: GraphIndex, i: int) -> int:
-    for _ in range(8):
-        if ix.ops[i] != "Identity" or not ix.data_inputs[i]:
-            break
-        i = ix.data_inputs[i][0][0]
-    return i
 
 
 def _reasons(ix: GraphIndex, verdict: BodyRecompute) -> str:
@@ -425,7 +418,6 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
     return len(order), held
 
 
-_SUMS = frozenset({"AddN", "AddV2", "Add"})
 
 
 def _hold_running_sums(gix: GraphIndex, ggraph: Message) -> int:
@@ -438,15 +430,15 @@ def _hold_running_sums(gix: GraphIndex, ggraph: Message) -> int:
     held = 0
     for k, r in rets.items():
         arg = args.get(k)
-        op = _through_identity(gix, r[0])
-        if arg is None or gix.ops[op] not in _SUMS or gix.dtype((arg, 0)) not in _FLOAT_TYPES:
+        op = gix.through_identity(r[0])
+        if arg is None or gix.ops[op] not in SUM_OPS or gix.dtype((arg, 0)) not in FLOATS:
             continue
         ins = gix.data_inputs[op]
-        if not any(_through_identity(gix, s[0]) == arg for s in ins):
+        if not any(gix.through_identity(s[0]) == arg for s in ins):
             continue
         for s in ins:
             p = s[0]
-            if _through_identity(gix, p) == arg or gix.ops[p] in (ARG_OP, "Const") or \
+            if gix.through_identity(p) == arg or gix.ops[p] in (ARG_OP, "Const") or \
                     arg in gix.control_inputs[p]:
                 continue
             ggraph.node[p].input.append("^" + gix.names[arg])
@@ -462,7 +454,6 @@ def _shape_attr(node: Message, k: int) -> Message | None:
     return shapes[k] if k < len(shapes) else None
 
 
-_FLOAT_TYPES = frozenset({1, 2, 14, 19})  # float, double, bfloat16, half
 
 
 def _gradient_args(gix: GraphIndex, readers: list[int]) -> list[int]:
@@ -471,7 +462,7 @@ def _gradient_args(gix: GraphIndex, readers: list[int]) -> list[int]:
     _, rets = _args_rets(gix)
     found = []
     for i in sorted(gix.ancestors(readers, data_only=True)):
-        if gix.ops[i] != ARG_OP or gix.dtype((i, 0)) not in _FLOAT_TYPES:
+        if gix.ops[i] != ARG_OP or gix.dtype((i, 0)) not in FLOATS:
             continue
         k = gix.node(i).attr["index"].i
         if rets.get(k) is not None and rets[k] != (i, 0):

@@ -19,10 +19,8 @@ exits). Adds nodes: the driver re-indexes after it.
 
 from __future__ import annotations
 
-from graphmem.graph.index import GraphIndex
-
-_SUMS = frozenset({"Add", "AddV2", "AddN"})
-_FLOAT_TYPES = frozenset({1, 2, 14, 19})  # float, double, bfloat16, half
+from graphmem.graph.dtypes import FLOATS
+from graphmem.graph.index import SUM_OPS, GraphIndex
 
 
 def hold_loop_sums(index: GraphIndex) -> int:
@@ -35,17 +33,17 @@ def hold_loop_sums(index: GraphIndex) -> int:
     for n in range(len(index)):
         if ops[n] not in ("NextIteration", "RefNextIteration") or not index.data_inputs[n]:
             continue
-        add = _through_identity(index, index.data_inputs[n][0][0])
+        add = index.through_identity(index.data_inputs[n][0][0])
         switch = _switch_of(index, n)
-        if switch is None or ops[add] not in _SUMS or index.frame[add] != index.frame[switch]:
+        if switch is None or ops[add] not in SUM_OPS or index.frame[add] != index.frame[switch]:
             continue
-        if (index.dtype((add, 0)) or 0) not in _FLOAT_TYPES:
+        if (index.dtype((add, 0)) or 0) not in FLOATS:
             continue
         ins = index.data_inputs[add]
-        if sum(_through_identity(index, s) == switch and k == 1 for s, k in ins) != 1:
+        if sum(index.through_identity(s) == switch and k == 1 for s, k in ins) != 1:
             continue  # not a running sum of this loop variable
-        terms = [_through_identity(index, s) for s, k in ins
-                 if not (_through_identity(index, s) == switch and k == 1)]
+        terms = [index.through_identity(s) for s, k in ins
+                 if not (index.through_identity(s) == switch and k == 1)]
         terms = [p for p in terms if index.frame[p] == index.frame[add]
                  and ops[p] not in _NOT_TERMS and not index.stateful[p]]
         if not terms:
@@ -73,11 +71,3 @@ def _switch_of(index: GraphIndex, next_iteration: int) -> int | None:
     switches = [c for c in index.data_consumers(merges[0])
                 if index.ops[c] in ("Switch", "RefSwitch")]
     return switches[0] if len(switches) == 1 else None
-
-
-def _through_identity(index: GraphIndex, i: int) -> int:
-    seen = 0
-    while index.ops[i] == "Identity" and index.data_inputs[i] and seen < 4:
-        i = index.data_inputs[i][0][0]
-        seen += 1
-    return i
