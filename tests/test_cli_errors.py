@@ -67,6 +67,29 @@ def test_not_a_training_graph():
                         "training graph")
 
 
+def test_inference_only_saved_model(tmp_path):
+    """A TF2 SavedModel with only a forward function (what Keras's model.save exports) is
+    named as such, not reported as a graph without gradient scopes."""
+    tf = pytest.importorskip("tensorflow")
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(tf.ones([4, 2]))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def predict(self, x):
+            return tf.nn.relu(tf.matmul(x, self.w))
+
+    model = Model()
+    path = tmp_path / "inference_only"
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.predict})
+    _assert_clean_error(run_cli("inspect", path), "holds no train step")
+    out = tmp_path / "out"
+    _assert_clean_error(run_cli("rewrite", path, "-o", out), "holds no train step")
+    assert not out.exists()
+
+
 def test_rewrite_errors_leave_no_output(tmp_path):
     out = tmp_path / "out.meta"
     _assert_clean_error(run_cli("rewrite", fixture_path("inference"), "-o", out),

@@ -182,4 +182,16 @@ def _choose_function(model: LoadedModel, function: str | None) -> str | None:
     if len(candidates) > 1:
         raise InputError("the graph's library holds several training functions; choose one "
                          f"with --function ({', '.join(candidates)})")
+    library = model.graph_def.library.function
+    if model.format == Format.SAVED_MODEL and library and not any(
+            n.op.startswith(_UPDATE_PREFIXES) for n in model.graph_def.node):
+        # nothing trains at the top level either: an inference-only export (Keras's
+        # `model.save` keeps the call functions, not the train step)
+        raise InputError(f"{model.path} holds no train step: none of its {len(library)} "
+                         "functions computes gradients (an inference-only export, such as "
+                         "Keras's model.save); save a tf.Module whose tf.function computes "
+                         "and applies the gradients")
     return None
+
+
+_UPDATE_PREFIXES = ("Apply", "ResourceApply", "Assign", "SparseApply", "ResourceSparseApply")
