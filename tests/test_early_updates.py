@@ -17,6 +17,10 @@ def test_updates_get_edges_to_the_next_backward_ops():
     before = {n.name: list(n.input) for n in ix.graph_def.node}
     plan = apply_early_updates(ix, regions)
     assert plan.updates >= 48 and plan.edges >= plan.updates  # weights and biases of 24 layers
+    # Adam's beta-power updates wait for every gradient: named as such, not as a walk that
+    # ran out of budget
+    assert plan.skipped.get("waits for several gradients") == 2, plan.skipped
+    assert "gradient not found within the search budget" not in plan.skipped
     new = ws.reindex()  # no cycle
     added = {}
     for node in new.graph_def.node:

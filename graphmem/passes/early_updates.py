@@ -78,6 +78,11 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         found = _gradient_of(index, i, regions, in_scope)
         if found is _NO_GRADIENT:
             continue  # not a gradient's update (an iteration count, a beta power)
+        if found is _SEVERAL_GRADIENTS:
+            # waits for several gradients (Adam's beta powers, a global-norm clip): it
+            # cannot run before the last of them anyway
+            _skip(plan, "waits for several gradients")
+            continue
         if found is None:
             _skip(plan, "gradient not found within the search budget")
             continue
@@ -146,14 +151,16 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
 
 
 _NO_GRADIENT = object()
+_SEVERAL_GRADIENTS = object()
 _WALK_BUDGET = 256  # ops expanded per update; a Keras Adam update is about 20 away
 
 
 def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     """Walk up from update `a` through the backward and optimizer regions (data and control
     inputs) to the ops of the gradient scope. Returns (gradient op, state writes passed on
-    the way), `_NO_GRADIENT` when no gradient feeds the update, or None when the walk ran
-    past its budget or reached several gradients (a global-norm clip: no early update)."""
+    the way), `_NO_GRADIENT` when no gradient feeds the update, `_SEVERAL_GRADIENTS` when
+    several do (a global-norm clip: no early update), or None when the walk ran past its
+    budget."""
     backward, optimizer = regions.backward, regions.optimizer
     data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
     for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
@@ -184,7 +191,7 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     if not gradients:
         return _NO_GRADIENT
     if len(gradients) > 1:
-        return None
+        return _SEVERAL_GRADIENTS
     return gradients.pop(), writes, products
 
 
