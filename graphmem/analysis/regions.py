@@ -196,31 +196,48 @@ def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
     """The loss: a float scalar computed from the forward pass that nothing else reads.
 
     Among several such scalars (metrics, loss terms), the one the backward pass names as the
-    start of a gradient (`gradients/<loss>_grad/`) wins, else the last one. Without any, the
-    names given (the `losses` collection, which in TF1 lists terms rather than their sum).
+    start of a gradient (`gradients/<loss>_grad/`, `gradient_tape/<loss>/`) wins, else the
+    last one. Without any, the names given (the `losses` collection, which in TF1 lists terms
+    rather than their sum); without those, a scalar read only outside the forward and
+    backward passes (a Keras train step feeds its loss to a `Mean` metric's update) whose
+    inputs the backward pass reads.
     """
     after = fed_by_forward - backward - optimizer
-    found = []
+    strict, relaxed = [], []
     for i in index.topo:
         if i not in after or not index.data_inputs[i]:
             continue
         if index.ops[i] in VARIABLE_OPS or (index.ops[i] in _SINK_READERS
                                              and index.ops[i] != "Identity"):
             continue
-        if index.shape((i, 0)) != [] or index.dtype((i, 0)) not in _FLOAT_TYPES:
-            continue
+        # the readers first: most ops have a forward reader, and shapes cost a parse
         readers = index.consumers.get((i, 0), ())
-        if all(index.ops[r] in _SINK_READERS and r not in forward for r in readers):
-            found.append((i, 0))
-    if found:
+        if any(r in forward for r in readers):
+            continue
+        sinks_only = all(index.ops[r] in _SINK_READERS for r in readers)
+        if not sinks_only and any(r in backward for r in readers):
+            continue
+        if index.shape((i, 0)) == [] and index.dtype((i, 0)) in _FLOAT_TYPES:
+            (strict if sinks_only else relaxed).append((i, 0))
+    if strict:
         graded = _gradient_targets(index, backward)
-        named_by_grad = [t for t in found if index.names[t[0]] in graded]
-        return (named_by_grad or found)[-1:]
-    return [t for t in (index.tensor(n) for n in named or []) if t is not None]
+        return ([t for t in strict if index.names[t[0]] in graded] or strict)[-1:]
+    named_found = [t for t in (index.tensor(n) for n in named or []) if t is not None]
+    if named_found or not relaxed:
+        return named_found
+    # a loss the backward pass differentiates: its gradient reads what the loss op read
+    # (a metric computed from the loss does not qualify: the backward pass reads none of
+    # its inputs)
+    succ = index.data_consumers
+    at_edge = [t for t in relaxed
+               if any(c in backward for s, _ in index.data_inputs[t[0]] for c in succ(s))]
+    return at_edge[-1:]
 
 
 def _gradient_targets(index: GraphIndex, backward: set[int]) -> set[str]:
-    """Forward op names that TF1 gradient scopes are named after (`gradients/<op>_grad/`)."""
+    """Forward op names that gradient scopes are named after: TF1's
+    `gradients/<op>_grad/...`, and a tape's `gradient_tape/<op>/<gradient op>` (every
+    prefix of the rest, since op names hold slashes)."""
     out = set()
     for i in backward:
         name = index.names[i]
@@ -229,6 +246,12 @@ def _gradient_targets(index: GraphIndex, backward: set[int]) -> set[str]:
             head = name[:cut]
             slash = head.find("/")
             out.add(head[slash + 1:] if slash >= 0 else head)
+            continue
+        tape = name.find("gradient_tape/")
+        if tape >= 0:
+            parts = name[tape + len("gradient_tape/"):].split("/")
+            for k in range(1, len(parts)):
+                out.add("/".join(parts[:k]))
     return out
 
 
