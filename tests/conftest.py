@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -6,6 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from graphmem.cli import main
+
+# Tests that build models import TensorFlow themselves; measurements read the BFC
+# allocator's statistics, which exist only when this is set before TF is first imported
+# (graphmem's own loader sets it too, but a test file run alone may import TF first).
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 DATA = Path(__file__).parent / "fixtures" / "data"
 

@@ -61,9 +61,9 @@ def _train_step_index(path):
 
 def _first_layer_kernel_gradient(index) -> int:
     """The first dense layer's kernel gradient (Keras numbers its scopes by how many models
-    the process built before: `sequential_1/dense_00_1` alone, `sequential_3/...` in a
+    the process built before: `sequential_1/dense_00_1` alone, `sequential_2_1/...` in a
     full test run)."""
-    pattern = re.compile(r"gradient_tape/sequential(_\d+)?/dense_00(_\d+)?/MatMul/MatMul")
+    pattern = re.compile(r"gradient_tape/sequential(_\d+)*/dense_00(_\d+)*/MatMul/MatMul")
     found = [i for i, n in enumerate(index.names) if pattern.fullmatch(n)]
     assert len(found) == 1, found
     return found[0]
