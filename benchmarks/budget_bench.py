@@ -81,7 +81,12 @@ def synthetic_solve(shape: str, nodes: int, workdir: Path) -> dict[str, Any]:
     from graphmem.estimate import estimate_step
     from graphmem.formats import load_model
     from graphmem.graph.workspace import Workspace
-    from graphmem.passes.budget import build_units, choose_budget_checkpoints, solve_budget
+    from graphmem.passes.budget import (
+        build_units,
+        choose_budget_checkpoints,
+        model_base,
+        solve_budget,
+    )
     from graphmem.passes.checkpoints import candidate_tensors
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
@@ -96,7 +101,7 @@ def synthetic_solve(shape: str, nodes: int, workdir: Path) -> dict[str, Any]:
     candidates = candidate_tensors(index, regions, forward)
     spine = analyze_spine(index, regions, forward, set(candidates), batch)
     units = build_units(index, spine, batch)
-    low = solve_budget(units, max(original - sum(units.act), 0), 0).min_peak
+    low = solve_budget(units, model_base(units, original), 0).min_peak
     budget = (low + original) // 2
     start = time.perf_counter()
     choice, sol = choose_budget_checkpoints(index, regions, forward, candidates, batch,

@@ -17,7 +17,7 @@ from graphmem.analysis.spine import analyze_spine
 from graphmem.estimate import estimate_step
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
-from graphmem.passes.budget import build_units, solve_budget
+from graphmem.passes.budget import build_units, model_base, solve_budget
 from graphmem.passes.checkpoints import candidate_tensors
 from graphmem.rewrite import RewriteOptions, copied_flops, early_updates_peak, rewrite_workspace
 
@@ -57,7 +57,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     # (this edits ws, which is not used afterwards: each policy opens its own)
     no_recompute = early_updates_peak(ws, index, regions, facts,
                                       RewriteOptions("none", [], batch_size))
-    base = max(no_recompute - sum(units.act), 0)
+    base = model_base(units, no_recompute)
     total = sum(units.flops) or 1
     result = Tradeoff(original, total, no_recompute)
     low = solve_budget(units, base, 0).min_peak

@@ -30,6 +30,11 @@ from graphmem.passes.recompute import COPY_SCOPE, RecomputePlan, apply_recompute
 from graphmem.passes.split_identityn import split_gradient_identityn
 from graphmem.passes.swap import SwapOptions, SwapPlan, apply_swap, choose_swap_tensors
 
+# A budget plan the estimate finds this far (a share of the budget) below what the model
+# said is worth planning again with the model's error taken into account: a cheaper plan
+# may fit.
+MODEL_SLACK = 0.02
+
 
 @dataclass
 class CheckpointFact:
@@ -116,53 +121,18 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         # remove most of it, and a base from the original would buy recompute for nothing
         base_peak = early_updates_peak(ws, index, regions, facts, options)
         restore()
-    correction = 0  # what the estimate found above the budget model, learned per attempt
-    for attempt in range(4):
-        if budget is not None:
-            choice, solution = choose_budget_checkpoints(
-                index, regions, facts, candidate_tensors(index, regions, facts),
-                options.batch_size, budget - correction, base_peak)
-        else:
-            choice = choose_checkpoints(options.policy, index, regions, facts,
-                                        options.batch_size, options.checkpoint_patterns,
-                                        ws.collection("checkpoints"))
+    if budget is None:
+        choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
+                                    options.checkpoint_patterns, ws.collection("checkpoints"))
         checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
         plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = _apply_passes(
             ws, index, regions, facts, choice, checkpoints, options)
         after = _estimate(ws, new_regions, options)
-        if budget is None or solution is None or after.peak_bytes <= budget \
-                or not solution.feasible or attempt == 3:
-            break
-        # the model was optimistic for this graph: learn by how much, and plan again
-        correction += after.peak_bytes - solution.model_peak - correction
-        restore()
-    if solution is not None:
-        # The budget model's plan is one candidate; the memory and speed policies' plans
-        # are two more (the model is a chain of segments and misjudges some graphs): the
-        # one with the least recompute that fits wins, or the lowest when none fits.
-        runs = [_Run("budget", choice, checkpoints,
-                     (plan, swap_plan, early, new_index, new_regions, loops, loops_v1), after,
-                     copied_flops(new_index, options.batch_size))]
-        for policy in ("memory", "speed"):
-            restore()
-            alt = choose_checkpoints(policy, index, regions, facts, options.batch_size)
-            alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
-            alt_run = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
-            runs.append(_Run(policy, alt, alt_facts, alt_run, _estimate(ws, alt_run[4], options),
-                             copied_flops(alt_run[3], options.batch_size)))
-        fitting = [r for r in runs if r.after.peak_bytes <= budget]
-        best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
-            min(runs, key=lambda r: r.after.peak_bytes)
-        if best is not runs[-1]:  # the workspace holds the last plan applied: redo the best
-            restore()
-            best.passes = _apply_passes(ws, index, regions, facts, best.choice,
-                                        best.checkpoints, options)
+    else:
+        best, solution = _budget_plan(ws, index, regions, facts, options, budget, base_peak,
+                                      restore)
         choice, checkpoints, after = best.choice, best.checkpoints, best.after
         plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = best.passes
-        choice.policy = "budget"
-        choice.note = _budget_note(solution, budget, after.peak_bytes, best.policy,
-                                   runs[0], best)
-        solution.chosen, solution.extra_flops = best.policy, best.extra_flops
     before = before_job.result() or _estimate_bytes(ws, original, options)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
@@ -172,6 +142,63 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,
                          nodes_before, len(new_index), reverted, early, budget, solution,
                          loops, loops_v1)
+
+
+def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, budget: int,
+                 base_peak: int, restore) -> tuple[_Run, BudgetSolution | None]:
+    """The plan with the least recompute whose *estimated* peak fits the budget, or the
+    lowest one. The budget model (passes/budget.py) is a chain and errs both ways: each
+    of its plans is applied and estimated, and the error learned corrects the next
+    attempt's budget (up when the model was pessimistic, down when optimistic). Plans of
+    the memory and speed policies are candidates too. Leaves the chosen plan applied."""
+    runs: list[_Run] = []
+    solution = None
+    correction = 0
+    tried: set[tuple[bool, ...]] = set()
+    for _attempt in range(4):
+        choice, solution = choose_budget_checkpoints(
+            index, regions, facts, candidate_tensors(index, regions, facts),
+            options.batch_size, budget - correction, base_peak)
+        if solution is not None and tuple(solution.recompute) in tried:
+            break  # corrected to a plan already estimated
+        checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
+        passes = _apply_passes(ws, index, regions, facts, choice, checkpoints, options)
+        after = _estimate(ws, passes[4], options)
+        runs.append(_Run("budget", choice, checkpoints, passes, after,
+                         copied_flops(passes[3], options.batch_size), solution))
+        restore()
+        if solution is None:
+            break  # no spine to plan on
+        tried.add(tuple(solution.recompute))
+        error = after.peak_bytes - solution.model_peak
+        fits = after.peak_bytes <= budget
+        if fits and error >= -MODEL_SLACK * budget:
+            break  # the model was right here: a cheaper plan would not fit
+        if not fits and not solution.feasible:
+            break  # the model's lowest plan is over already
+        correction = error
+    for policy in ("memory", "speed"):
+        alt = choose_checkpoints(policy, index, regions, facts, options.batch_size)
+        alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
+        passes = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
+        runs.append(_Run(policy, alt, alt_facts, passes, _estimate(ws, passes[4], options),
+                         copied_flops(passes[3], options.batch_size)))
+        restore()
+    fitting = [r for r in runs if r.after.peak_bytes <= budget]
+    best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
+        min(runs, key=lambda r: r.after.peak_bytes)
+    best.passes = _apply_passes(ws, index, regions, facts, best.choice, best.checkpoints,
+                                options)
+    model_runs = [r for r in runs if r.solution is not None]
+    solution = best.solution or (model_runs[-1].solution if model_runs else None)
+    if solution is not None:
+        model_run = next((r for r in model_runs if r.after.peak_bytes <= budget),
+                         model_runs[-1] if model_runs else best)
+        best.choice.policy = "budget"
+        best.choice.note = _budget_note(solution, budget, best.after.peak_bytes, best.policy,
+                                        model_run, best)
+        solution.chosen, solution.extra_flops = best.policy, best.extra_flops
+    return best, solution
 
 
 def _restore_functions(ws: Workspace) -> None:
@@ -223,6 +250,7 @@ class _Run:
     passes: tuple
     after: MemoryEstimate
     extra_flops: int  # FLOPs of the ops it copies
+    solution: BudgetSolution | None = None  # the budget model's, for its own plans
 
 
 def copied_flops(index, batch_size: int | None) -> int:

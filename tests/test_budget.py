@@ -5,23 +5,37 @@ import json
 import pytest
 
 from graphmem.passes import budget as budget_mod
-from graphmem.passes.budget import Units, model_peak, parse_budget, solve_budget
+from graphmem.passes.budget import Units, model_peak, parse_budget, profile, solve_budget
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
 from graphmem.runtime.verify import verify
 from tests.conftest import fixture_path, run_cli
 
-# three units of 100 bytes; the middle one is expensive to recompute; cuts cost 5 bytes
+# three units of 100 bytes; the middle one is expensive to recompute; cuts cost 5 bytes,
+# and so does the gradient flowing into units 0 and 1 (the top one's comes from the loss)
 CHAIN = Units(cuts=[0, 1], act=[100, 100, 100], flops=[1, 10, 1], cut_bytes=[5, 5])
 
 
+def test_profile_follows_the_backward_pass_down_the_chain():
+    # all kept: at the top unit everything is live (300); lower units see only what is
+    # below them plus the gradient (205, 105)
+    assert profile(CHAIN, 0, [False] * 3, [False] * 2) == [105, 205, 300]
+    # all recomputed, both cuts kept: at unit k the cuts below it, its 100-byte segment
+    # and its gradient
+    assert profile(CHAIN, 0, [True] * 3, [True] * 2) == [105, 110, 110]
+    # the top unit recomputed from cut 1: the two kept units and the cut stay under it
+    assert profile(CHAIN, 0, [False, False, True], [False, True]) == [105, 205, 305]
+
+
 def test_cheapest_plan_under_the_budget():
-    # keeping the middle unit and recomputing the cheap ends: kept 100 + cut 5 + segment 100
+    # recomputing the bottom unit alone: the top two are live at the start of the backward
+    # pass (200), the bottom one is recomputed after they are freed (100 + gradient 5).
+    # Recomputing the top unit instead would not help: it is live at that moment either way
     sol = solve_budget(CHAIN, base=0, budget=250)
     assert sol.method == "milp" and sol.feasible
-    assert sol.recompute == [True, False, True]
-    assert sol.model_peak == 205 and sol.extra_flops == 2
-    assert model_peak(CHAIN, 0, sol.recompute, sol.keep_cut) == 205
+    assert sol.recompute == [True, False, False]
+    assert sol.model_peak == 200 and sol.extra_flops == 1
+    assert model_peak(CHAIN, 0, sol.recompute, sol.keep_cut) == 200
 
 
 def test_generous_budget_recomputes_nothing():
@@ -30,10 +44,14 @@ def test_generous_budget_recomputes_nothing():
 
 
 def test_infeasible_budget_reports_the_smallest_peak():
-    # everything recomputed, both cuts kept: 5 + 5 + the largest segment 100
+    # the lowest peak is 110 (cut 0 + a segment of 100 + a gradient of 5 at unit 1); the
+    # cheapest plan there keeps the top unit: at the top only cut 0 and units 0..1's ...
     sol = solve_budget(CHAIN, base=0, budget=50)
     assert not sol.feasible
     assert sol.min_peak == 110 and sol.model_peak == 110
+    # ... recomputed as one segment are freed already: keeping the top unit (105 there)
+    # saves recomputing it
+    assert sol.recompute == [True, True, False] and sol.extra_flops == 11
 
 
 def test_greedy_fallback_without_scipy(monkeypatch):
@@ -45,9 +63,9 @@ def test_greedy_fallback_without_scipy(monkeypatch):
 
 def test_dp_finds_the_hand_worked_plans():
     r, x, method = budget_mod._solve_dp(CHAIN, 0, 250)
-    assert method == "dp" and r == [True, False, True]
-    assert model_peak(CHAIN, 0, r, x) == 205
-    r, x, _ = budget_mod._solve_dp(CHAIN, 0, None)  # smallest peak: 5 + 5 + 100
+    assert method == "dp" and r == [True, False, False]
+    assert model_peak(CHAIN, 0, r, x) == 200
+    r, x, _ = budget_mod._solve_dp(CHAIN, 0, None)  # smallest peak: 5 + 100 + 5
     assert model_peak(CHAIN, 0, r, x) == 110
     assert budget_mod._solve_dp(CHAIN, 0, 0) is None  # no headroom at all
 
@@ -62,7 +80,7 @@ def _flops(units, recompute):
     return sum(f for f, r in zip(units.flops, recompute, strict=True) if r)
 
 
-def test_dp_agrees_with_an_exhaustive_search_on_short_chains():
+def test_dp_and_milp_agree_with_an_exhaustive_search_on_short_chains():
     import itertools
     import random
 
@@ -83,6 +101,11 @@ def test_dp_agrees_with_an_exhaustive_search_on_short_chains():
         assert model_peak(units, base, r, x) <= budget
         # bucket rounding may cost a little on budgets met to within a bucket; never much
         assert _flops(units, r) <= best + max(units.flops)
+        # the MILP is exact on the same model
+        r, x, _ = budget_mod._solve(units, base, budget, 10.0)
+        assert model_peak(units, base, r, x) <= budget and _flops(units, r) == best
+        r, x, _ = budget_mod._solve(units, base, None, 10.0)
+        assert model_peak(units, base, r, x) == low
 
 
 def test_long_chains_are_solved_by_the_dp_within_the_budget(monkeypatch):
@@ -110,7 +133,7 @@ def test_short_chains_take_the_cheaper_of_milp_and_dp(monkeypatch):
     monkeypatch.setattr(budget_mod, "_solve",
                         lambda u, b, budget, t: ([True] * 3, [True, True], "milp"))
     sol = solve_budget(CHAIN, base=0, budget=250)
-    assert sol.method == "dp" and sol.recompute == [True, False, True]
+    assert sol.method == "dp" and sol.recompute == [True, False, False]
 
 
 @pytest.mark.parametrize("text,expected", [("0.5", 500), ("1", 1000), ("2KiB", 2048),
@@ -215,3 +238,8 @@ def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path)
     assert budget.budget.feasible and budget.after.peak_bytes <= memory.after.peak_bytes
     assert budget.budget.extra_flops <= memory_flops
     assert budget.budget.chosen in ("budget", "memory", "speed")
+    if name in ("resnet", "transformer"):
+        # the model knows the top of the chain is live at the start of the backward pass
+        # whether kept or recomputed: its plan keeps it and recomputes less (issue 7)
+        assert budget.budget.chosen == "budget"
+        assert budget.budget.extra_flops < 0.95 * memory_flops

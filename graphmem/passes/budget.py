@@ -4,9 +4,10 @@ The forward spine is condensed to a chain of units between candidate cuts (bottl
 the cheapest cut of each stretch where there are none). Each unit is either kept (its saved
 activations stay, no extra compute) or recomputed (its forward ops run again in the backward
 pass); a run of recomputed units is split into segments by cuts whose crossing tensors are
-kept. The step's peak is modelled as
+kept. The backward pass walks the chain from the top down, so the step's peak is modelled as
+the most that is live at any unit on the way (`profile`):
 
-    base + kept activations + kept cut tensors + the largest recomputed segment,
+    base + kept activations and cuts below the unit + its segment so far + its gradient,
 
 where base is the estimated peak minus all saved activations. Minimising the recompute
 FLOPs under `peak <= budget` is a small mixed-integer program (Checkmate, Jain et al. 2020,
@@ -32,7 +33,6 @@ MAX_UNITS = 400
 # into its time limit (a uniform 40-unit chain takes ~20 s), so a dynamic program is used.
 MILP_UNITS = 24
 DP_BUCKETS = 1024  # memory resolution of the dynamic program (of the budget's headroom)
-DP_GRID = 12  # segment bounds tried per refinement level
 
 
 @dataclass
@@ -83,27 +83,59 @@ def build_units(index: GraphIndex, spine: Spine, batch_size: int | None) -> Unit
     return Units(cuts, act, flops, [spine.cut_bytes[c] for c in cuts])
 
 
+def grad_bytes(units: Units) -> list[int]:
+    """Bytes of the gradient flowing into each unit while its backward runs: the size of
+    the tensors crossing the cut above it (nothing above the top unit but the loss)."""
+    return [*units.cut_bytes, 0][:len(units.act)]
+
+
+def model_base(units: Units, peak_without_recompute: int) -> int:
+    """The base that makes the model's plan without recompute peak where the estimate says
+    the graph without recompute peaks: what the chain leaves out (gradients of weights,
+    the loss's inputs, the optimizer) is whatever the chain does not explain."""
+    everything_kept = model_peak(units, 0, [False] * len(units.act),
+                                 [False] * max(len(units.act) - 1, 0))
+    return max(peak_without_recompute - everything_kept, 0)
+
+
 def model_peak(units: Units, base: int, recompute: list[bool], keep_cut: list[bool]) -> int:
-    peak_segment, segment = 0, 0
-    kept = 0
+    """The modelled peak of a plan: the largest of `profile`'s per-unit figures."""
+    return max(profile(units, base, recompute, keep_cut), default=base)
+
+
+def profile(units: Units, base: int, recompute: list[bool], keep_cut: list[bool]
+            ) -> list[int]:
+    """Bytes live while the backward pass is at each unit, top unit last.
+
+    The backward pass walks the chain from the top down and frees what it has passed, so
+    at unit k what is live is base, the kept activations and kept cuts *below* and at k,
+    the gradient flowing in, and, for a recomputed unit, its segment's recomputed
+    activations from the segment's start up to k (a segment is recomputed whole when the
+    backward pass reaches its top). Keeping the top units therefore costs nothing more
+    than recomputing them: they are live at the start of the backward pass either way,
+    which a sum of everything kept (the earlier model) charged as extra."""
+    grads = grad_bytes(units)
+    out, below, segment = [], base, 0
     for k, a in enumerate(units.act):
-        if k > 0 and (keep_cut[k - 1] or not recompute[k - 1]):
-            segment = 0
+        if k > 0 and keep_cut[k - 1]:
+            below += units.cut_bytes[k - 1]
         if recompute[k]:
-            segment += a
-            peak_segment = max(peak_segment, segment)
+            starts = k == 0 or not recompute[k - 1] or keep_cut[k - 1]
+            segment = a if starts else segment + a
+            out.append(below + segment + grads[k])
         else:
-            kept += a
+            below += a
             segment = 0
-    cut_kept = sum(b for b, on in zip(units.cut_bytes, keep_cut, strict=True) if on)
-    return base + kept + cut_kept + peak_segment
+            out.append(below + grads[k])
+    return out
 
 
 def solve_budget(units: Units, base: int, budget: int, time_limit: float = 20.0
                  ) -> BudgetSolution:
     total_flops = sum(units.flops)
     min_sol = _best(units, base, None, time_limit)
-    min_peak = model_peak(units, base, *min_sol[:2]) if min_sol else base + sum(units.act)
+    min_peak = model_peak(units, base, *min_sol[:2]) if min_sol else \
+        model_peak(units, base, [False] * len(units.act), [False] * max(len(units.act) - 1, 0))
     sol = _best(units, base, budget, time_limit) if min_peak <= budget else None
     if sol is not None:
         recompute, keep_cut, method = sol
@@ -127,7 +159,8 @@ def _best(units: Units, base: int, budget: int | None, time_limit: float):
     if len(units.act) <= MILP_UNITS:
         plans.append(_solve(units, base, budget, time_limit))
     plans.append(_solve_dp(units, base, budget, time_limit))
-    plans = [p for p in plans if p is not None]
+    plans = [p for p in plans if p is not None
+             and (budget is None or model_peak(units, base, p[0], p[1]) <= budget)]
     if not plans:
         return None
 
@@ -141,7 +174,8 @@ def _best(units: Units, base: int, budget: int | None, time_limit: float):
 
 def _solve(units: Units, base: int, budget: int | None, time_limit: float):
     """The MILP: minimise recompute FLOPs under the budget, or (budget None) minimise the
-    modelled peak. Returns (recompute, keep_cut, "milp") or None. Exact; for small chains."""
+    modelled peak. One peak row per unit (see `profile`). Returns (recompute, keep_cut,
+    "milp") or None. Exact; for small chains."""
     try:
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -149,9 +183,10 @@ def _solve(units: Units, base: int, budget: int | None, time_limit: float):
         return None
     m = len(units.act)  # units; cuts = m - 1
     nr, nx, ns = m, m - 1, m
-    size = nr + nx + ns + 1  # r, x, s, M
-    r0, x0, s0, mi = 0, nr, nr + nx, nr + nx + ns
+    size = nr + nx + ns + 1  # r, x, s, P (the peak, when it is minimised)
+    r0, x0, s0, pi = 0, nr, nr + nx, nr + nx + ns
     big = float(sum(units.act) + 1)
+    grads = grad_bytes(units)
     rows, lo, hi = [], [], []
 
     def row(coefs: dict[int, float], low: float, high: float) -> None:
@@ -163,6 +198,7 @@ def _solve(units: Units, base: int, budget: int | None, time_limit: float):
         hi.append(high)
 
     inf = np.inf
+    kept_so_far = 0.0  # activation bytes of units 0..k, all kept
     for k in range(m):
         a = float(units.act[k])
         if k == 0:  # s_0 >= a_0 - BIG (1 - r_0)
@@ -173,24 +209,27 @@ def _solve(units: Units, base: int, budget: int | None, time_limit: float):
             # a recomputed unit after a kept one needs the cut between kept: x >= r_k - r_{k-1}
             row({x0 + k - 1: 1, r0 + k: -1, r0 + k - 1: 1}, 0, inf)
             row({x0 + k - 1: 1, r0 + k: -1}, -inf, 0)  # a cut kept only before recompute
-        row({mi: 1, s0 + k: -1}, 0, inf)  # M >= s_k
-    # modelled peak = base + sum a - sum a r + sum b x + M
-    peak = {r0 + k: -float(units.act[k]) for k in range(m)}
-    peak.update({x0 + k: float(units.cut_bytes[k]) for k in range(nx)})
-    peak[mi] = 1.0
-    constant = base + sum(units.act)
+        # live at unit k: base + sum_{j<=k} a_j (1 - r_j) + sum_{c<k} b_c x_c + s_k + g_k
+        kept_so_far += a
+        live = {r0 + j: -float(units.act[j]) for j in range(k + 1)}
+        live.update({x0 + c: float(units.cut_bytes[c]) for c in range(k)})
+        live[s0 + k] = 1.0
+        constant = base + kept_so_far + grads[k]
+        if budget is not None:
+            row(live, -inf, float(budget - constant))
+        else:
+            live[pi] = -1.0
+            row(live, -inf, -float(constant))
+    c = np.zeros(size)
     if budget is not None:
-        row(peak, -inf, float(budget - constant))
-        c = np.zeros(size)
         c[r0:r0 + nr] = units.flops
-    else:
-        c = np.zeros(size)
-        for j, v in peak.items():
-            c[j] = v
-        c[r0:r0 + nr] += 1e-9 * np.asarray(units.flops, dtype=float)  # ties: less compute
+    else:  # minimise P; ties: less compute
+        c[pi] = 1.0
+        c[r0:r0 + nr] = 1e-9 * np.asarray(units.flops, dtype=float)
     integrality = np.zeros(size)
     integrality[:nr + nx] = 1
-    bounds = Bounds(np.zeros(size), np.r_[np.ones(nr + nx), np.full(ns + 1, big)])
+    top = float(base + sum(units.act) + sum(units.cut_bytes) + max(grads, default=0))
+    bounds = Bounds(np.zeros(size), np.r_[np.ones(nr + nx), np.full(ns, big), top])
     with _quiet_fds():  # HiGHS prints progress lines straight to the terminal
         res = milp(c, integrality=integrality, bounds=bounds,
                    constraints=LinearConstraint(np.array(rows), lo, hi),
@@ -205,178 +244,159 @@ def _solve_dp(units: Units, base: int, budget: int | None, time_limit: float = 2
     """The same problem as `_solve` by dynamic programming, for long chains.
 
     A plan is a path over the unit boundaries 0..m: a kept unit k is an arc k -> k+1 that
-    costs its activations; a recomputed segment k..j is an arc k -> j+1 that costs its
-    FLOPs, and the bytes of cut k-1 when k > 0. For a bound S on the largest segment, the
-    cheapest plan whose kept bytes fit `budget - base - S` is a shortest path over
-    (boundary, kept bytes in buckets of 1/DP_BUCKETS of the headroom); S is searched on a
-    grid of the chain's segment sums, refined around the best. Bytes are rounded to the
-    nearest bucket, so each plan is checked with `model_peak` and made again under a lower
-    cap when rounding made it optimistic. Minimising the peak (budget None) needs no buckets: for
-    each S it is a shortest path over bytes. Returns (recompute, keep_cut, "dp") or None."""
+    adds its activations to the bytes kept below; a recomputed segment k..j-1 is an arc
+    k -> j that costs its FLOPs and adds the bytes of cut k-1 when k > 0. What is live at a
+    unit (`profile`) depends only on the bytes kept below the arc and the arc itself, so
+    each arc is checked where it is taken: a kept unit needs kept + a_k + g_k <= headroom,
+    a segment needs kept + max over its units i of (a_k + ... + a_i + g_i) <= headroom
+    (`reach`, the same for every path). Minimising FLOPs under a budget is a shortest path
+    over (boundary, kept bytes in buckets of 1/DP_BUCKETS of the headroom); bytes are rounded
+    to the nearest bucket, so each plan is checked with `model_peak` and made again under a
+    lower headroom when rounding made it optimistic (and, when no rounded plan fits, the exact
+check below gives one). The smallest peak (budget None) is
+    found by bisection over exact feasibility checks, each a shortest path over kept bytes
+    alone. Returns (recompute, keep_cut, "dp") or None."""
     import time
 
     import numpy as np
 
     m = len(units.act)
+    if m == 0:
+        return [], [], "dp"
     a = np.asarray(units.act, dtype=np.float64)
     f = np.asarray(units.flops, dtype=np.float64)
-    b = np.asarray(units.cut_bytes, dtype=np.float64)
+    b = np.r_[0.0, np.asarray(units.cut_bytes, dtype=np.float64)]  # b[k]: cut before unit k
+    g = np.asarray(grad_bytes(units), dtype=np.float64)
     cum_a = np.r_[0.0, np.cumsum(a)]
     cum_f = np.r_[0.0, np.cumsum(f)]
-    sums = cum_a[None, :] - cum_a[:, None]  # sums[k, j + 1]: bytes of units k..j
-    seg_sums = np.unique(sums[sums > 0])
+    # reach[k, i]: the most a segment starting at unit k and ending at or after i adds
+    # while the backward pass is inside it up to unit i (nondecreasing in i)
+    reach = cum_a[None, 1:] - cum_a[:m, None] + g[None, :]
+    reach[np.tril_indices(m, -1)] = -np.inf
+    reach = np.maximum.accumulate(reach, axis=1)
     deadline = time.monotonic() + time_limit
 
-    def decode(parent, c_of) -> tuple[list[bool], list[bool]]:
-        recompute, keep_cut = [False] * m, [False] * max(m - 1, 0)
-        j, c = m, c_of
+    def decode(parent, last) -> tuple[list[bool], list[bool]]:
+        """parent[j][c]: -1 (unit j-1 kept) or the segment's first unit; `last` the
+        column at boundary m; kept bytes per step are undone with `step_bytes`."""
+        recompute, keep_cut = [False] * m, [False] * (m - 1)
+        j, col = m, last
         while j > 0:
-            p = int(parent[j][c])
+            p = int(parent[j][col])
             if p < 0:  # unit j - 1 kept
-                c -= qa[j - 1]
+                col -= step_kept[j - 1]
                 j -= 1
                 continue
             for k in range(p, j):
                 recompute[k] = True
             if p > 0:
                 keep_cut[p - 1] = True
-                c -= qb[p - 1]
+                col -= step_cut[p]
             j = p
         return recompute, keep_cut
 
-    def min_bytes(bound: float):
-        """Least kept bytes with segments <= bound (exact), ties to fewer FLOPs."""
+    def least_kept(peak: float):
+        """A plan whose profile stays within `peak`, keeping the fewest bytes at every
+        boundary (ties: fewer FLOPs); parent row per boundary, or None."""
         dist = np.full(m + 1, np.inf)
         cost = np.full(m + 1, np.inf)
         parent = np.full(m + 1, -2, dtype=np.int64)
-        dist[0] = cost[0] = 0.0
+        dist[0] = cost[0] = base
+        cost[0] = 0.0
         for k in range(m):
             if dist[k] == np.inf:
                 continue
-            if (dist[k] + a[k], cost[k]) < (dist[k + 1], cost[k + 1]):
-                dist[k + 1], cost[k + 1], parent[k + 1] = dist[k] + a[k], cost[k], -1
-            hi = int(np.searchsorted(cum_a, cum_a[k] + bound, side="right")) - 1
-            if hi <= k:
+            kept = dist[k] + a[k]
+            if kept + g[k] <= peak and (kept, cost[k]) < (dist[k + 1], cost[k + 1]):
+                dist[k + 1], cost[k + 1], parent[k + 1] = kept, cost[k], -1
+            start = dist[k] + b[k]
+            n = int(np.searchsorted(reach[k, k:], peak - start, side="right"))
+            if n == 0:
                 continue
-            ends = np.arange(k + 1, hi + 1)
-            d = dist[k] + (b[k - 1] if k > 0 else 0.0)
+            ends = np.arange(k + 1, k + n + 1)
             cc = cost[k] + cum_f[ends] - cum_f[k]
-            better = (d < dist[ends]) | ((d == dist[ends]) & (cc < cost[ends]))
-            dist[ends[better]] = d
+            better = (start < dist[ends]) | ((start == dist[ends]) & (cc < cost[ends]))
+            dist[ends[better]] = start
             cost[ends[better]] = cc[better]
             parent[ends[better]] = k
-        return parent
+        return parent if dist[m] < np.inf else None
 
-    def cheapest(bound: float, cap: int):
-        """Fewest FLOPs with segments <= bound and kept bytes <= cap buckets."""
+    if budget is None:
+        step_kept = [0] * m
+        step_cut = [0] * (m + 1)
+        lo = int(base + max(g.max(), 0))  # below this nothing fits
+        hi = int(model_peak(units, base, [False] * m, [False] * (m - 1)))  # all kept
+        while lo < hi:  # the smallest feasible peak, exactly (bytes are integers)
+            mid = (lo + hi) // 2
+            if least_kept(float(mid)) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        parent = least_kept(float(hi))
+        return None if parent is None else (*decode(parent[:, None], 0), "dp")
+
+    headroom = float(budget - base)
+    if headroom <= 0:
+        return None
+    if model_peak(units, base, [False] * m, [False] * (m - 1)) <= budget:
+        return [False] * m, [False] * (m - 1), "dp"  # everything kept fits: no recompute
+    q = headroom / DP_BUCKETS
+    step_kept = [int(round(v / q)) for v in units.act]
+    step_cut = [int(round(v / q)) for v in b]
+
+    def cheapest(room: float):
+        """Fewest FLOPs with every unit's profile within `room` above base."""
+        cap = int(math.floor(room / q + 1e-9))
         if cap < 0:
             return None
         cost = np.full((m + 1, cap + 1), np.inf)
         parent = np.full((m + 1, cap + 1), -2, dtype=np.int32)
         cost[0, 0] = 0.0
+        cols = np.arange(cap + 1)
         for k in range(m):
+            if time.monotonic() > deadline:
+                return None
             row = cost[k]
             if not np.isfinite(row).any():
                 continue
-            s = qa[k]
-            if s <= cap:
-                target = cost[k + 1, s:]
-                better = row[:cap + 1 - s] < target
-                target[better] = row[:cap + 1 - s][better]
-                parent[k + 1, s:][better] = -1
-            hi = int(np.searchsorted(cum_a, cum_a[k] + bound, side="right")) - 1
-            s = qb[k - 1] if k > 0 else 0
-            if hi <= k or s > cap:
+            s = step_kept[k]  # keep unit k: kept + a_k + g_k within room
+            limit = min(cap, int(math.floor((room - g[k]) / q + 1e-9)))
+            if s <= limit:
+                target = cost[k + 1, s:limit + 1]
+                src = row[:limit + 1 - s]
+                better = src < target
+                target[better] = src[better]
+                parent[k + 1, s:limit + 1][better] = -1
+            s = step_cut[k]  # recompute units k..j-1 from the cut before k
+            n = int(np.searchsorted(reach[k, k:], room, side="right"))
+            if n == 0 or s > cap:
                 continue
-            block = row[None, :cap + 1 - s] + (cum_f[k + 1:hi + 1] - cum_f[k])[:, None]
-            target = cost[k + 1:hi + 1, s:]
+            limits = np.floor((room - reach[k, k:k + n]) / q + 1e-9)  # per end, on kept
+            block = row[None, :cap + 1 - s] + (cum_f[k + 1:k + n + 1] - cum_f[k])[:, None]
+            block[cols[None, s:] > limits[:, None]] = np.inf
+            target = cost[k + 1:k + n + 1, s:]
             better = block < target
             target[better] = block[better]
-            parent[k + 1:hi + 1, s:][better] = k
+            parent[k + 1:k + n + 1, s:][better] = k
         final = cost[m]
         if not np.isfinite(final).any():
             return None
         return decode(parent, int(np.argmin(final)))  # ties: the fewest kept bytes
 
-    def search(evaluate, limit: float) -> tuple | None:
-        """Best plan over segment bounds: 0, then a grid of the segment sums up to `limit`,
-        refined around the best (every sum when there are few)."""
-        best = None
-
-        def consider(bound: float) -> None:
-            nonlocal best
-            plan = evaluate(bound)
-            if plan is not None:
-                key = score(plan)
-                if key is not None and (best is None or key < best[0]):
-                    best = (key, plan, bound)
-
-        consider(0.0)
-        lo, hi = 0, int(np.searchsorted(seg_sums, limit, side="right")) - 1
-        tried = set()
-        for _level in range(4):
-            if hi < lo or time.monotonic() > deadline:
-                break
-            if hi - lo <= 3 * DP_GRID:  # few enough: every one
-                picks = range(lo, hi + 1)
-            else:
-                picks = sorted({lo + (hi - lo) * t // DP_GRID for t in range(DP_GRID + 1)})
-            for i in picks:
-                if i not in tried:
-                    tried.add(i)
-                    consider(float(seg_sums[i]))
-            if hi - lo <= 3 * DP_GRID or best is None:
-                break
-            at = int(np.searchsorted(seg_sums, best[2]))
-            span = -(-(hi - lo) // DP_GRID)  # the grid's spacing, rounded up
-            lo, hi = max(at - span, lo), min(at + span, hi)
-        return best
-
-    if budget is None:
-        qa = [0] * m
-        qb = [0] * max(m - 1, 0)
-
-        def score(plan):
-            r, x = plan
-            return (model_peak(units, base, r, x),
-                    sum(v for v, on in zip(units.flops, r, strict=True) if on))
-
-        def evaluate(bound):
-            return decode(min_bytes(bound)[:, None], 0)
-
-        found = search(evaluate, float(seg_sums[-1]) if len(seg_sums) else 0.0)
-        return None if found is None else (*found[1], "dp")
-
-    headroom = float(budget - base)
-    if headroom <= 0:
-        return None
-    if cum_a[-1] <= headroom:  # everything kept fits: no recompute at all
-        return [False] * m, [False] * max(m - 1, 0), "dp"
-    q = headroom / DP_BUCKETS
-    qa = [int(round(v / q)) for v in units.act]
-    qb = [int(round(v / q)) for v in units.cut_bytes]
-
-    def score(plan):
-        r, x = plan
-        return (sum(v for v, on in zip(units.flops, r, strict=True) if on),
-                model_peak(units, base, r, x))
-
-    def evaluate(bound):
-        """The cheapest plan for this bound; when rounding made it go over the budget,
-        the kept bytes' cap is lowered by the excess and the plan made again."""
-        cap = int(math.floor((headroom - bound) / q + 1e-9))
-        for _ in range(4):
-            plan = cheapest(bound, cap)
-            if plan is None:
-                return None
-            over = model_peak(units, base, *plan) - budget
-            if over <= 0:
-                return plan
-            cap -= max(1, math.ceil(over / q))
-        return None
-
-    found = search(evaluate, headroom)
-    return None if found is None else (*found[1], "dp")
+    room = headroom
+    for _ in range(6):  # rounding may make a plan optimistic: retry with less room
+        plan = cheapest(room)
+        if plan is None:
+            break
+        over = model_peak(units, base, *plan) - budget
+        if over <= 0:
+            return (*plan, "dp")
+        room -= max(q, over)
+    # a budget within a few buckets of the lowest peak: the exact check still finds a plan
+    # (the one keeping the fewest bytes, not always the cheapest)
+    step_kept, step_cut = [0] * m, [0] * (m + 1)
+    parent = least_kept(float(budget))
+    return None if parent is None else (*decode(parent[:, None], 0), "dp")
 
 @contextlib.contextmanager
 def _quiet_fds():
@@ -459,7 +479,7 @@ def choose_budget_checkpoints(index: GraphIndex, regions, facts, candidates: lis
         return CheckpointChoice("budget", [], "no recomputable forward spine",
                                 len(candidates)), None
     units = build_units(index, spine, batch_size)
-    base = max(original_peak - sum(units.act), 0)
+    base = model_base(units, original_peak)
     sol = solve_budget(units, base, budget, time_limit)
     picks = sorted(checkpoints_for(spine, units, sol, cand),
                    key=lambda t: (index.position[t[0]], t[1]))
