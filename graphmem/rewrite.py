@@ -20,7 +20,12 @@ from graphmem.graph import dtypes
 from graphmem.graph.index import nbytes
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import BudgetSolution, choose_budget_checkpoints, parse_budget
-from graphmem.passes.checkpoints import CheckpointChoice, candidate_tensors, choose_checkpoints
+from graphmem.passes.checkpoints import (
+    CheckpointChoice,
+    candidate_tensors,
+    choose_checkpoints,
+    keep_top_segment,
+)
 from graphmem.passes.early_updates import EarlyUpdatesPlan, apply_early_updates
 from graphmem.passes.late_terms import apply_late_terms
 from graphmem.passes.loop_recompute import LoopRecomputePlan, apply_loop_recompute
@@ -150,7 +155,8 @@ def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, 
     lowest one. The budget model (passes/budget.py) is a chain and errs both ways: each
     of its plans is applied and estimated, and the error learned corrects the next
     attempt's budget (up when the model was pessimistic, down when optimistic). Plans of
-    the memory and speed policies are candidates too. Leaves the chosen plan applied."""
+    the memory and speed policies are candidates too, and the memory policy's with its
+    top segment kept (`keep_top_segment`). Leaves the chosen plan applied."""
     runs: list[_Run] = []
     solution = None
     correction = 0
@@ -177,8 +183,12 @@ def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, 
         if not fits and not solution.feasible:
             break  # the model's lowest plan is over already
         correction = error
-    for policy in ("memory", "speed"):
-        alt = choose_checkpoints(policy, index, regions, facts, options.batch_size)
+    for policy in ("memory", "speed", "memory_top"):
+        alt = choose_checkpoints(policy.removesuffix("_top"), index, regions, facts,
+                                 options.batch_size)
+        if policy == "memory_top":
+            alt.tensors = keep_top_segment(index, regions, alt.tensors,
+                                           candidate_tensors(index, regions, facts))
         alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
         passes = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
         runs.append(_Run(policy, alt, alt_facts, passes, _estimate(ws, passes[4], options),
@@ -265,14 +275,16 @@ def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: 
 
     total = solution.total_flops or 1
     solution.feasible = estimated <= budget  # the estimate decides, not the model
+    plan = {"memory_top": "the memory policy's plan with its top segment kept"}.get(
+        policy, f"the {policy} policy's plan")
     if estimated > budget:
         return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
-                f"({solution.method if policy == 'budget' else f'the {policy} policy'}) "
+                f"({solution.method if policy == 'budget' else plan}) "
                 f"reaches {format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
     if policy != "budget":
         model = ("did not fit" if model_run.after.peak_bytes > budget else
                  f"+{model_run.extra_flops / total:.0%} forward FLOPs")
-        return (f"the {policy} policy's plan (+{best.extra_flops / total:.0%} forward FLOPs) "
+        return (f"{plan} (+{best.extra_flops / total:.0%} forward FLOPs) "
                 f"fits the budget of {format_bytes(budget)} with the least recompute (the "
                 f"budget model's plan: {model})")
     return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "

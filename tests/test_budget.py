@@ -237,9 +237,10 @@ def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path)
         "budget", [], 32, budget=str(memory.after.peak_bytes)))
     assert budget.budget.feasible and budget.after.peak_bytes <= memory.after.peak_bytes
     assert budget.budget.extra_flops <= memory_flops
-    assert budget.budget.chosen in ("budget", "memory", "speed")
+    assert budget.budget.chosen in ("budget", "memory", "speed", "memory_top")
     if name in ("resnet", "transformer"):
-        # the model knows the top of the chain is live at the start of the backward pass
-        # whether kept or recomputed: its plan keeps it and recomputes less (issue 7)
-        assert budget.budget.chosen == "budget"
-        assert budget.budget.extra_flops < 0.95 * memory_flops
+        # the top of the chain is live at the start of the backward pass whether kept or
+        # just recomputed: the budget model knows it, and so does the memory plan with its
+        # top segment kept; either recomputes less than the memory policy (issue 7)
+        assert budget.budget.chosen in ("budget", "memory_top")
+        assert budget.budget.extra_flops < 0.9 * memory_flops

@@ -81,6 +81,23 @@ def choose_checkpoints(policy: str, index: GraphIndex, regions: Regions, facts: 
     raise UsageError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
 
 
+def keep_top_segment(index: GraphIndex, regions: Regions, picks: list[Tensor],
+                     candidates: list[Tensor]) -> list[Tensor]:
+    """`picks` plus every saved activation made after the last of them: the top segment
+    kept instead of recomputed. The backward pass starts at the top, so the top segment's
+    activations are live at its start whether they were kept or just recomputed: keeping
+    them costs about no memory and saves recomputing one segment (the loss's own
+    temporaries, computed while they are kept, are what it can cost)."""
+    if not picks:
+        return picks
+    last = max(index.position[t[0]] for t in picks)
+    allowed = set(candidates)
+    kept = set(picks)
+    top = [s.tensor for s in regions.saved if s.tensor in allowed and s.tensor not in kept
+           and index.position[s.tensor[0]] > last]
+    return picks + sorted(set(top), key=lambda t: (index.position[t[0]], t[1]))
+
+
 BIAS_OPS = frozenset({"BiasAdd", "BiasAddV1"})
 
 
