@@ -10,11 +10,18 @@ the estimate matches; rows whose processes differ by more than 15% are marked `b
 with the ratio to each process. Run from the repository root:
 
     python -m benchmarks.estimate_accuracy [--batch 64] [--processes 3] [--quick]
+                                           [--cache FILE]
+
+`--cache FILE` keeps each measurement under the hash of the graph measured (and the batch
+and process count): working on the estimator, later runs measure only graphs that changed.
+Measurements belong to the machine that made them (CPU features decide TF's kernels).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import tempfile
 from pathlib import Path
 
@@ -47,7 +54,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--processes", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="mlp, resnet, transformer only")
+    ap.add_argument("--cache", type=Path, help="JSON file of measurements by graph hash")
     args = ap.parse_args()
+    cache = json.loads(args.cache.read_text()) if args.cache and args.cache.exists() else {}
     cases = CASES[:3] if args.quick else CASES
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,7 +73,12 @@ def main() -> None:
                     rewrite_file(src, path, options, tag=tag)
                 est = estimate(path, args.batch, tag, grappler=False)
                 est_g = estimate(path, args.batch, tag, grappler=True)
-                m = measure(str(path), args.batch, processes=args.processes, tag=tag)
+                key = f"{_digest(path)}/{args.batch}/{args.processes}"
+                m = cache.get(key) or measure(str(path), args.batch, processes=args.processes,
+                                              tag=tag)
+                if args.cache and key not in cache:
+                    cache[key] = m
+                    args.cache.write_text(json.dumps(cache))
                 rows.append((name, policy, est, est_g, m["peak"], m["peaks"]))
                 print(_row(rows[-1]), flush=True)
     print()
@@ -80,6 +94,15 @@ def main() -> None:
         print(f"estimate on the {label}: worst ratio {worst:.2f}; {inside} of {len(ratios)} "
               f"within 0.85-1.15 (against the median); against the closest process: worst "
               f"{worst_c:.2f}, {inside_c} of {len(closest)} within")
+
+
+def _digest(path: Path) -> str:
+    """A hash of the graph files (a SavedModel's saved_model.pb, not its variables)."""
+    files = [path / "saved_model.pb"] if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:24]
 
 
 def _row(r) -> str:

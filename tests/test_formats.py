@@ -94,3 +94,20 @@ def test_refuses_to_overwrite_input_saved_model():
     model = load_model(fixture_path("tf2_saved_model"))
     with pytest.raises(InputError, match="overwrite the input"):
         save_model(model, fixture_path("tf2_saved_model"))
+
+
+def test_a_rewrite_writes_the_same_bytes_in_every_process(tmp_path):
+    """Protobuf writes map fields (a node's attrs) in an order that changes from one
+    process to the next unless asked to be deterministic: the same rewrite must give the
+    same file (CI caches and diffs rely on it)."""
+    import subprocess
+    import sys
+
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"r{k}.meta"
+        subprocess.run([sys.executable, "-m", "graphmem.cli", "rewrite",
+                        str(fixture_path("transformer")), "--batch-size", "16", "-o", str(out),
+                        "--json"], check=True, capture_output=True)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]

@@ -22,7 +22,9 @@ _STALE_WHEN_REWRITTEN = {"fingerprint.pb"}
 def serialize(model: LoadedModel) -> bytes:
     if model.format.is_text or (model.format == Format.SAVED_MODEL and model.saved_model_text):
         return protos.to_text(model.container).encode("utf-8")
-    return model.container.SerializeToString()
+    # deterministic: map fields (a node's attrs) in key order, so the same rewrite writes
+    # the same bytes in every process (CI caches, diffs, reproducible builds)
+    return model.container.SerializeToString(deterministic=True)
 
 
 def check_output_location(target: str | Path, what: str = "output") -> None:
