@@ -112,10 +112,15 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     nodes_before = len(index)
     original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
 
-    def restore():
+    def restore(reindex: bool = True):
         ws.graph_def.ParseFromString(original)
         _restore_functions(ws)
-        return ws.reindex(appended=False)
+        if reindex:
+            return ws.reindex(appended=False)
+        # the original's index still describes the graph (passes edit the graph and
+        # index anew; the driver keeps using `index` after every restore)
+        ws.index = index
+        return index
     budget = solution = base_peak = None
     if options.policy == "budget":
         base_peak = before_job.result().peak_bytes
@@ -141,7 +146,7 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     before = before_job.result() or _estimate_bytes(ws, original, options)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
-        new_index = restore()
+        new_index = restore(reindex=False)
     ws.function_backup.clear()
     ws.commit()
     return RewriteResult(ws.model, choice, checkpoints, plan, swap_plan, before, after,

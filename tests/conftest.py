@@ -12,6 +12,11 @@ from graphmem.cli import main
 # allocator's statistics, which exist only when this is set before TF is first imported
 # (graphmem's own loader sets it too, but a test file run alone may import TF first).
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# TF picks its CPU kernels by the machine's CPU (oneDNN on with AVX512-VNNI, AMX...; Eigen's
+# otherwise) and the estimator follows (analysis/kernel_scratch.py): Eigen's convolution
+# gradients allocate tens of MB of scratch. Tests that compare estimates must not depend on
+# the CI machine: they run with oneDNN, unless the environment says otherwise.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 DATA = Path(__file__).parent / "fixtures" / "data"
 

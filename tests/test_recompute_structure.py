@@ -20,15 +20,17 @@ def _index(g):
 
 
 def _rewrite(g, policy="memory"):
+    """The pass and its estimates in bytes asked for (the structure is what is tested
+    here; what the allocator makes of them is tests/test_bfc.py's)."""
     ix = _index(g)
     regions = analyze_regions(ix)
     facts = analyze_forward(ix, regions)
     choice = choose_checkpoints(policy, ix, regions, facts, None)
-    before = estimate_memory(ix, nodes=regions.step_nodes(ix))
+    before = estimate_memory(ix, nodes=regions.step_nodes(ix), allocator=False)
     plan = apply_recompute(ix, regions, facts, choice.tensors)
     new = _index(g)  # raises on a cycle
     new_regions = analyze_regions(new)
-    after = estimate_memory(new, nodes=new_regions.step_nodes(new))
+    after = estimate_memory(new, nodes=new_regions.step_nodes(new), allocator=False)
     return ix, regions, choice, plan, new, before, after
 
 

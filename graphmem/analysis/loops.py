@@ -489,8 +489,9 @@ class _Bodies:
         if body is not None and with_peak and body.peak == 0 and self.depth < 8:
             from graphmem.analysis.memory import estimate_memory
 
+            # requested bytes: the body's buffers live inside the step's allocator
             body.peak = estimate_memory(body.index, self.batch_size, top=0,
-                                        library=self.library,
+                                        library=self.library, allocator=False,
                                         _loop_depth=self.depth + 1).peak_bytes
         return body
 

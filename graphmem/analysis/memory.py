@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
+from graphmem.analysis.bfc import BFCAllocator
+from graphmem.analysis.kernel_scratch import scratch_model
 from graphmem.analysis.loops import Loop, LoopFacts, allocation_bytes, analyze_loops, element_view
 from graphmem.analysis.schedule import executor_order
-from graphmem.analysis.variables import persistent_bytes
+from graphmem.analysis.variables import persistent_buffers
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
@@ -88,13 +90,17 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     nodes: set[int] | None = None,
                     schedule: str = "executor",
                     host_device: str | None = None, library: Message | None = None,
+                    onednn: bool | None = None, allocator: bool = True,
                     _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
     in the executor's order (`schedule="executor"`) or the topological one ("topo").
     With `host_device`, buffers on that device are left out of the peak and reported as
     `host_peak_bytes` (the device being saved is everything else). `library` holds the
     bodies of v2 While ops (default: the graph's own library); loops are sized by
-    loops.analyze_loops."""
+    loops.analyze_loops. Kernels' scratch buffers are counted while they run, for the CPU
+    kernels TF picks with oneDNN on or off (`onednn`, default: as on this machine; see
+    kernel_scratch.py). Peaks count the chunks TF's allocator hands out (`allocator`, see
+    bfc.py), not the bytes asked for."""
     if order is None:
         order = executor_order(index, nodes, batch_size) if schedule == "executor" \
             else index.topo
@@ -102,15 +108,18 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         order = [i for i in order if i in nodes]
     host = normalize_device(host_device) if host_device else None
     loops = analyze_loops(index, batch_size, library, _loop_depth)
+    variables = persistent_buffers(index)
     run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top),
-                    loops=loops)
+                    loops=loops, scratch=scratch_model(index, batch_size, onednn),
+                    allocator=allocator,
+                    persistent=[(normalize_device(index.devices[i]), b) for i, b in variables])
     live_at_peak: list[LiveTensor] = []
     if top and order:  # the buffers whose lifetime spans the peak
         at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
                    if born <= run.peak_pos <= freed]
         at_peak.sort()  # largest first, then in the order they were allocated
         live_at_peak = [_live_tensor(index, loops, buf, -b) for b, _, buf in at_peak[:top]]
-    return MemoryEstimate(run.peak, persistent_bytes(index), run.peak_pos,
+    return MemoryEstimate(run.peak, sum(b for _, b in variables), run.peak_pos,
                           index.names[order[run.peak_pos]] if order else "", live_at_peak,
                           run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order),
                           loops.loops, loops.notes)
@@ -151,7 +160,9 @@ class _Run:
 
 def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
               keep_timeline: bool, track_lives: bool = False,
-              loops: LoopFacts | None = None) -> _Run:
+              loops: LoopFacts | None = None, scratch=None,
+              allocator: bool = True, persistent: list[tuple[str, int]] | None = None
+              ) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
@@ -163,6 +174,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     outputs take their sizes from `loops.output_bytes`, list element reads allocate
     nothing, and a While op holds its body's peak while it runs."""
     run = _Run()
+    # what the allocator is asked, in order, replayed through a model of TF's allocator
+    # at the end (bfc.py, _allocator_peaks)
+    events: list[tuple] | None = [] if allocator else None
     loops = loops if loops is not None and not loops.is_empty() else None
     push_steps = loops.push_steps if loops else {}
     pushed = loops.pushed if loops else {}
@@ -206,6 +220,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 b = _copy_on_write(i, j, h, inputs, reads_of, held_by, pending, size,
                                    buffer_of, sizes_of)
                 if b:
+                    if events is not None:
+                        events.append(((i, _COW - j), dev, b, p))
                     if track_lives and dev != host:
                         born[(i, _COW - j)] = p
                     live_dev[dev] = live_dev.get(dev, 0) + b
@@ -257,6 +273,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             buffer_of[t] = t
             size[t] = b
             pending[t] = readers
+            if events is not None and b:
+                events.append((t, dev, b, p))
             if track_lives and b and dev != host:
                 born[t] = p
             if b:
@@ -276,11 +294,20 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                                         max(release_at.get(push, end), p), held, held_buffers,
                                         releases, buffer_of, pending, size, run,
                                         born if track_lives else None, p, device_of[push],
-                                        host, live_dev)
+                                        host, live_dev, events)
         extra = body_peak.get(i, 0)  # a While's body, one iteration at a time
+        if scratch is not None:
+            extra += scratch(i)  # the kernel's own buffers while it runs
         if extra:
             live += extra
             live_dev[dev] = live_dev.get(dev, 0) + extra
+        if events is not None:
+            if extra:
+                events.append((("x", i), dev, extra, p))
+            if keep_timeline:
+                events.append((p,))
+            if extra:
+                events.append((("x", i), None))
         if keep_timeline:
             run.timeline.append(live)
         if live > run.peak:
@@ -316,13 +343,69 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 pending.pop(buf, None)
                 if buf in born:
                     run.lifetimes.append((buf, b, born.pop(buf), p))
+                if b and events is not None:
+                    events.append((buf, None))
                 if b:
                     d = device_of[buf[0]]
                     live_dev[d] -= b
                     if d != host:
                         live -= b
     run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
+    if events is not None:
+        _allocator_peaks(run, events, persistent or [], host, keep_timeline)
     return run
+
+
+def _allocator_peaks(run: _Run, events: list[tuple], persistent: list[tuple[str, int]],
+                     host: str | None, keep_timeline: bool) -> None:
+    """Replace the run's peaks (sums of requests) by what TF's allocator statistics
+    count (chunks): one allocator per device, holding the persistent buffers first, then
+    the step twice, as measured (the first step grows the allocator's regions and leaves
+    them free; the second is the one measured, from what was in use when it began).
+    Events: (buffer, device, bytes, position) allocates, (buffer,) frees, (position,) marks
+    an op running (for the timeline)."""
+    allocators: dict[str, BFCAllocator] = {}
+    for dev, b in persistent:
+        allocators.setdefault(dev, BFCAllocator()).allocate(b)
+    for ev in events:
+        if len(ev) == 4 and ev[1] not in allocators:
+            allocators[ev[1]] = BFCAllocator()
+    for measured in (False, True):
+        handles: dict = {}
+        base = {d: a.in_use for d, a in allocators.items()}
+        for a in allocators.values():
+            a.peak = a.in_use
+        step = sum(a.in_use for d, a in allocators.items() if d != host)
+        start = step
+        peak = peak_pos = 0
+        timeline: list[int] = []
+        for ev in events:
+            if len(ev) == 4:
+                buf, dev, nbytes, p = ev
+                a = allocators[dev]
+                h = a.allocate(nbytes)
+                handles[buf] = (a, h)
+                if dev != host:
+                    step += a.chunk_size(h)
+                    if step - start > peak:
+                        peak, peak_pos = step - start, p
+            elif len(ev) == 1:
+                if measured and keep_timeline:
+                    timeline.append(step - start)
+            else:
+                found = handles.pop(ev[0], None)
+                if found is not None:
+                    a, h = found
+                    if a is not allocators.get(host):
+                        step -= a.chunk_size(h)
+                    a.free(h)
+        for a, h in handles.values():  # the step's end: TF frees what it still holds
+            a.free(h)
+    run.peak, run.peak_pos = peak, peak_pos
+    run.peak_dev = {d: a.peak - base[d] for d, a in allocators.items() if a.peak > base[d]}
+    run.host_peak = allocators[host].peak - base[host] if host in allocators else 0
+    if keep_timeline:
+        run.timeline = timeline
 
 
 def _copy_on_write(i, j, handle, inputs, reads_of, held_by, pending, size, buffer_of,
@@ -355,7 +438,7 @@ def _copy_on_write(i, j, handle, inputs, reads_of, held_by, pending, size, buffe
 
 
 def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, releases,
-                buffer_of, pending, size, run, born, p, dev, host, live_dev) -> int:
+                buffer_of, pending, size, run, born, p, dev, host, live_dev, events) -> int:
     """A value a v1 loop will push (StackPushV2, TensorListPushBack), just computed: it
     stays alive until its pop, and the accumulator's earlier `steps - 1` elements of the same size (each its own allocation,
     rounded up as TF's BFC allocator does) are allocated now and freed after position
@@ -380,6 +463,8 @@ def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, re
     buffer_of[acc] = acc
     pending[acc] = 1  # read once more, by the end of the gradient loop
     releases.setdefault(release, []).append(acc)
+    if events is not None:
+        events.append((acc, dev, b, p))
     live_dev[dev] = live_dev.get(dev, 0) + b
     if dev == host:
         run.host_peak = max(run.host_peak, live_dev[dev])

@@ -1,0 +1,71 @@
+"""The BFC allocator model on request sequences worked out by hand from bfc_allocator.cc."""
+
+from graphmem.analysis.bfc import INITIAL_REGION, BFCAllocator, rounded_bytes
+
+KIB, MIB = 1024, 1 << 20
+
+
+def test_requests_round_up_to_256_bytes_and_split_the_first_region():
+    a = BFCAllocator()
+    h = a.allocate(1000)
+    assert rounded_bytes(1000) == 1024 and a.chunk_size(h) == 1024
+    assert a.in_use == 1024 and a.regions == 1  # a 2 MiB region, split
+
+
+def test_a_free_chunk_under_twice_the_request_is_handed_out_whole():
+    a = BFCAllocator()
+    a.allocate(MIB)  # the 2 MiB region splits: 1 MiB taken, 1 MiB free
+    h = a.allocate(600 * KIB)  # 1 MiB < 2 x 600 KiB: the whole free MiB
+    assert a.chunk_size(h) == MIB
+    assert a.in_use == 2 * MIB and a.regions == 1
+
+
+def test_freed_neighbours_merge_and_best_fit_takes_the_merged_chunk():
+    a = BFCAllocator()
+    first, second, third = (a.allocate(KIB) for _ in range(3))
+    a.free(first)
+    a.free(second)  # merges with the free chunk below it: 2 KiB at the region's start
+    h = a.allocate(1536)  # the 2 KiB chunk fits and is under twice 1.5 KiB: taken whole
+    assert h == first and a.chunk_size(h) == 2 * KIB
+    assert a.in_use == 3 * KIB
+    a.free(third)  # merges with the rest of the region above it
+    a.free(h)  # and everything is one free region again
+    assert a.allocate(INITIAL_REGION) == first and a.regions == 1
+
+
+def test_regions_grow_by_doubling():
+    a = BFCAllocator()
+    big = a.allocate(3 * MIB)  # 3 MiB > 2 MiB: the region size doubles to 4 MiB
+    assert a.chunk_size(big) == 4 * MIB  # and is not split (4 < 2 x 3 MiB)
+    small = a.allocate(MIB)  # nothing free: another 4 MiB region (it grew already),
+    assert a.chunk_size(small) == MIB and a.regions == 2  # split
+    assert a.region_bytes == 8 * MIB  # the next region doubles
+
+
+def test_peak_counts_chunks_and_stays_after_frees():
+    a = BFCAllocator()
+    a.allocate(MIB)
+    h = a.allocate(600 * KIB)
+    a.free(h)
+    assert a.in_use == MIB and a.peak == 2 * MIB
+    # the freed MiB merged back with nothing (its neighbour below is in use) and is reused
+    h = a.allocate(700 * KIB)
+    assert a.chunk_size(h) == MIB and a.regions == 1
+
+
+def test_the_estimate_counts_the_chunks_a_chain_gets():
+    # x (8 KiB) -> a1 -> a2 -> a3 (16 KiB each). By requests, 32 KiB at a time. In the
+    # allocator, a1's chunk and x's merge when both are free (24 KiB); a3 asks for 16 KiB,
+    # the best fit is that 24 KiB chunk, under twice the request: a3 gets all of it
+    from graphmem.analysis.memory import estimate_memory
+    from tests.graphbuilder import G
+
+    g = G()
+    g.op("x", "Placeholder", shape=(2048,))
+    g.op("a1", "Op", "x", shape=(4096,))
+    g.op("a2", "Op", "a1", shape=(4096,))
+    g.op("a3", "Op", "a2", shape=(4096,))
+    ix = g.index()
+    assert estimate_memory(ix, allocator=False).peak_bytes == 32 * KIB
+    est = estimate_memory(ix)
+    assert est.peak_bytes == 16 * KIB + 24 * KIB and est.peak_op == "a3"
