@@ -256,3 +256,23 @@ def test_ops_only_a_group_waits_for_are_not_computed():
     assert estimate_memory(ix, nodes=step - unread_ops(ix, step, [])).peak_bytes == 2 * U
     # a fetched op is computed even when nothing reads it
     assert unread_ops(ix, step, [ix.id_of["d"]]) == set()
+
+
+def test_grouping_ops_grappler_removes_do_not_hold_back_an_expensive_op():
+    # tf.gradients follows a gradient `a` with tuple/group_deps (NoOp) and
+    # tuple/control_dependency (Identity with a control input). Grappler removes both, so
+    # `c`, readied by `a` together with them, runs at once rather than after the chain
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("grp", "NoOp", "^a", n_out=0)
+    g.op("ctl", "Identity", "a", "^grp", shape=N)
+    g.op("c", "Op", "a", shape=N)
+    g.op("d", "Op", "ctl", shape=N)
+    ix = g.index()
+    assert [ix.names[i] for i in executor_order(ix)] == ["x", "a", "grp", "c", "ctl", "d"]
+    # an inexpensive op Grappler keeps (a Shape) does hold it back, as in TF
+    g.graph_def.node[2].op = "Shape"
+    g.graph_def.node[2].input[:] = ["a"]
+    ix = g.index()
+    assert [ix.names[i] for i in executor_order(ix)] == ["x", "a", "grp", "ctl", "d", "c"]

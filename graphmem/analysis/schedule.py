@@ -2,7 +2,12 @@
 
 With one inter-op thread, TF's executor runs inexpensive ready ops inline, first in first
 out; of the expensive ops made ready by one op, it keeps the last to run next and dispatches
-the others as tasks, which the single pool thread takes last in, first out. The effect is a
+the others as tasks, which the single pool thread takes last in, first out. The last one
+runs next only when no inexpensive op is queued inline; the NoOps and Identity ops that
+tf.gradients puts after each gradient (`tuple/group_deps`, `tuple/control_dependency`) do
+not count, as Grappler's dependency optimizer removes them before the step runs (traced:
+a recompute segment whose trigger is a gradient matmul runs right after it, not after the
+gradient chain stalls). The effect is a
 depth-first walk: a backward chain runs to its end while the ops it readied on the way (weight
 gradient updates, side branches) wait. Memory depends on that order, so the estimator follows
 it instead of a breadth-first topological order.
@@ -70,8 +75,10 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                 if b is None or b > _SMALL_BYTES:
                     cheap[i] = 0
                     break
+    transparent = _grappler_removes(index, member)
     tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
     inline: deque[int] = deque()
+    solid = 0  # ops in `inline` that Grappler keeps
     if any(ops[i] == "_Arg" for i in tasks):  # a function body: its sources start together
         inline.extend(reversed(tasks))
         tasks = []
@@ -81,10 +88,14 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
         while tasks or inline:
             if not inline:
                 inline.append(tasks.pop())
+                solid += not transparent[inline[0]]
             i = inline.popleft()
+            solid -= not transparent[i]
             order.append(i)
             if loops.active:
-                inline.extend(loops.ran(i))
+                for j in loops.ran(i):
+                    inline.append(j)
+                    solid += not transparent[j]
             expensive = None
             for j in succ[i]:
                 indeg[j] -= 1
@@ -92,18 +103,22 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                     continue
                 if cheap[j]:
                     inline.append(j)
+                    solid += not transparent[j]
                 else:
                     if expensive is not None:
                         tasks.append(expensive)
                     expensive = j
             if expensive is not None:
-                if inline:
+                if solid:
                     tasks.append(expensive)
-                else:
+                else:  # nothing Grappler keeps runs inline first: this op runs next
                     inline.append(expensive)
+                    solid += 1
         if not loops.active or not loops.parked:
             break
-        inline.extend(loops.release_all())  # a body op that never ran: do not stall
+        for j in loops.release_all():  # a body op that never ran: do not stall
+            inline.append(j)
+            solid += not transparent[j]
     expected = sum(member)
     if len(order) != expected:  # should not happen on an indexed graph; keep every op
         seen = set(order)
@@ -161,3 +176,19 @@ class _LoopExits:
         for f in self.remaining:
             self.remaining[f] = 0
         return out
+
+
+def _grappler_removes(index: GraphIndex, member: bytearray) -> bytearray:
+    """Ops Grappler's dependency optimizer removes before the step runs: NoOps that only
+    group control edges (tf.gradients' `tuple/group_deps`) and the Identity ops that
+    forward a tensor with a control input (`tuple/control_dependency`). They run inline in
+    no time, but in the graph as written they are the inexpensive work that makes TF
+    dispatch an expensive op readied with them; once removed, that op runs at once (a
+    recompute segment whose trigger is a gradient matmul starts right after it)."""
+    out = bytearray(len(index))
+    ops, frame = index.ops, index.frame
+    for i in range(len(index)):
+        if member[i] and not frame[i] and (
+                ops[i] == "NoOp" or (ops[i] == "Identity" and index.control_inputs[i])):
+            out[i] = 1
+    return out
