@@ -243,4 +243,4 @@ def test_budget_at_the_memory_policys_peak_costs_no_more_than_it(name, tmp_path)
         # just recomputed: the budget model knows it, and so does the memory plan with its
         # top segment kept; either recomputes less than the memory policy (issue 7)
         assert budget.budget.chosen in ("budget", "memory_top")
-        assert budget.budget.extra_flops < 0.9 * memory_flops
+        assert budget.budget.extra_flops < 0.95 * memory_flops
