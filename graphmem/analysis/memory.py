@@ -370,35 +370,35 @@ def _allocator_peaks(run: _Run, events: list[tuple], persistent: list[tuple[str,
     for ev in events:
         if len(ev) == 4 and ev[1] not in allocators:
             allocators[ev[1]] = BFCAllocator()
+    hosted = allocators.get(host) if host is not None else None
     for measured in (False, True):
         handles: dict = {}
         base = {d: a.in_use for d, a in allocators.items()}
         for a in allocators.values():
             a.peak = a.in_use
-        step = sum(a.in_use for d, a in allocators.items() if d != host)
-        start = step
+        step = start = sum(a.in_use for a in allocators.values() if a is not hosted)
         peak = peak_pos = 0
         timeline: list[int] = []
         for ev in events:
             if len(ev) == 4:
-                buf, dev, nbytes, p = ev
-                a = allocators[dev]
-                h = a.allocate(nbytes)
-                handles[buf] = (a, h)
-                if dev != host:
-                    step += a.chunk_size(h)
+                a = allocators[ev[1]]
+                before = a.in_use
+                handles[ev[0]] = (a, a.allocate(ev[2]))
+                if a is not hosted:
+                    step += a.in_use - before
                     if step - start > peak:
-                        peak, peak_pos = step - start, p
+                        peak, peak_pos = step - start, ev[3]
             elif len(ev) == 1:
                 if measured and keep_timeline:
                     timeline.append(step - start)
             else:
                 found = handles.pop(ev[0], None)
                 if found is not None:
-                    a, h = found
-                    if a is not allocators.get(host):
-                        step -= a.chunk_size(h)
-                    a.free(h)
+                    a = found[0]
+                    before = a.in_use
+                    a.free(found[1])
+                    if a is not hosted:
+                        step += a.in_use - before
         for a, h in handles.values():  # the step's end: TF frees what it still holds
             a.free(h)
     run.peak, run.peak_pos = peak, peak_pos
