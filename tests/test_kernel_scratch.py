@@ -48,13 +48,19 @@ def test_batch_of_one_is_one_image_for_the_input_gradient_only():
     assert dfilter == -(-(30 << 20) // 4 // (64 * 36 + 64 * 4 + 36 * 4)) * 64 * 36 * 4
 
 
-def test_onednn_kernels_are_not_charged():
+def _input_gradient(n, hw, c):
+    """dx of an [n, hw, hw, c] -> c convolution, 3x3, SAME, and an op reading it."""
     g = G()
-    g.op("filter", "Placeholder", shape=(3, 3, 8, 8))
-    g.op("dy", "Placeholder", shape=(4, 8, 8, 8))
+    g.op("filter", "Placeholder", shape=(3, 3, c, c))
+    g.op("dy", "Placeholder", shape=(n, hw, hw, c))
     g.op("sizes", "Const", shape=(4,))
-    g.op("dx", "Conv2DBackpropInput", "sizes", "filter", "dy", shape=(4, 8, 8, 8))
-    ix = g.index()
+    g.op("dx", "Conv2DBackpropInput", "sizes", "filter", "dy", shape=(n, hw, hw, c))
+    g.op("out", "Op", "dx", shape=(n, hw, hw, c))
+    return g.index()
+
+
+def test_onednn_kernels_are_not_charged():
+    ix = _input_gradient(4, 8, 8)
     assert scratch_model(ix, None, onednn=True)(ix.id_of["dx"]) == 0
     assert scratch_model(ix, None, onednn=False)(ix.id_of["dx"]) > 0
 
@@ -72,13 +78,7 @@ def test_max_pool_gradient_keeps_an_int64_argmax_per_pooled_value():
 
 
 def test_the_estimate_holds_the_scratch_while_its_op_runs():
-    g = G()
-    g.op("filter", "Placeholder", shape=(3, 3, 32, 32))
-    g.op("dy", "Placeholder", shape=(32, 8, 8, 32))
-    g.op("sizes", "Const", shape=(4,))
-    g.op("dx", "Conv2DBackpropInput", "sizes", "filter", "dy", shape=(32, 8, 8, 32))
-    g.op("out", "Op", "dx", shape=(32, 8, 8, 32))
-    ix = g.index()
+    ix = _input_gradient(32, 8, 32)
     inputs = 3 * 3 * 32 * 32 * 4 + 32 * 8 * 8 * 32 * 4
     # while dx runs: its inputs, its output and its 19.5 MB column buffer (requests)
     off = estimate_memory(ix, onednn=True, allocator=False).peak_bytes

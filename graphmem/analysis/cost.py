@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import prod
 
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import GraphIndex, num_elements
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
            "BatchMatMul": ("adj_x", True), "BatchMatMulV2": ("adj_x", True),
@@ -18,7 +18,7 @@ _CONV = {"Conv2D", "_FusedConv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBac
 
 
 def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
-    out = _elements(index.shape((i, 0)), batch_size)
+    out = num_elements(index.shape((i, 0)), batch_size)
     if out is None:
         return 1
     op = index.ops[i]
@@ -37,16 +37,3 @@ def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
             per_output = prod(f[:-2]) * (1 if op == "DepthwiseConv2dNative" else f[-2])
             return 2 * out * per_output
     return max(out, 1)
-
-
-def _elements(shape: list[int] | None, batch_size: int | None) -> int | None:
-    if shape is None:
-        return None
-    n = 1
-    for axis, d in enumerate(shape):
-        if d < 0:
-            if axis != 0 or batch_size is None:
-                return None
-            d = batch_size
-        n *= d
-    return n

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from functools import cache
 
 from graphmem.graph import dtypes
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import GraphIndex, num_elements
 
 _L2_BYTES = 256 << 10  # the kernels' fixed cache sizes (conv_grad_input_ops.h)
 _WORKING_SET_BYTES = 30 << 20
@@ -72,7 +72,7 @@ def scratch_model(index: GraphIndex, batch_size: int | None,
             return _conv2d_backprop(index, i, op, batch_size)
         if op == "MaxPoolGrad":
             ins = index.data_inputs[i]
-            return 8 * (_elements(index.shape(ins[1]), batch_size) or 0) if len(ins) > 1 else 0
+            return 8 * (num_elements(index.shape(ins[1]), batch_size) or 0) if len(ins) > 1 else 0
         return 0
 
     return scratch
@@ -104,16 +104,3 @@ def _conv2d_backprop(index: GraphIndex, i: int, op: str, batch_size: int | None)
     else:
         shard = -(-(_WORKING_SET_BYTES // itemsize) // work)
     return shard * pixels * filter_size * itemsize
-
-
-def _elements(shape: list[int] | None, batch_size: int | None) -> int | None:
-    if shape is None:
-        return None
-    n = 1
-    for axis, d in enumerate(shape):
-        if d < 0:
-            if axis or batch_size is None:
-                return None
-            d = batch_size
-        n *= d
-    return n

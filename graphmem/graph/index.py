@@ -648,16 +648,22 @@ def _guess_dtypes(node: Message, count: int) -> list[int] | None:
 
 def nbytes(shape: list[int] | None, dtype: int | None, batch_size: int | None = None) -> int | None:
     """Bytes of a tensor of static `shape`; an unknown leading dim takes `batch_size`."""
-    if shape is None or dtype is None:
+    if dtype is None:
         return None
     size = dtypes.itemsize(dtype)
-    if size is None:
+    n = num_elements(shape, batch_size) if size is not None else None
+    return None if n is None else size * n
+
+
+def num_elements(shape: list[int] | None, batch_size: int | None = None) -> int | None:
+    """Elements of a tensor of static `shape`; an unknown leading dim takes `batch_size`."""
+    if shape is None:
         return None
-    total = size
+    n = 1
     for axis, d in enumerate(shape):
         if d < 0:
             if batch_size is None or axis != 0:
                 return None
             d = batch_size
-        total *= d
-    return total
+        n *= d
+    return n
