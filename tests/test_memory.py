@@ -95,6 +95,29 @@ def test_small_ops_run_inline_in_order():
     assert [ix.names[i] for i in executor_order(ix)] == ["x", "a", "b"]
 
 
+def test_tf_warm_up_order_is_simulated_too_and_the_higher_peak_kept():
+    # a's last reader s is small. In TF's steady state it runs inline right after a and
+    # frees a before b runs; in TF's first ~90 steps every kernel is expensive, so s is
+    # dispatched as a task and b (readied with it) runs first, while a is still live
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("s", "Op", "a", shape=(4,))
+    g.op("b", "Op", "x", "^a", shape=N)
+    ix = g.index()
+    steady = executor_order(ix)
+    warm = executor_order(ix, warm_up=True)
+    assert [ix.names[i] for i in steady] == ["x", "a", "s", "b"]
+    assert [ix.names[i] for i in warm] == ["x", "a", "b", "s"]
+    # x, a and s (256 bytes: buffers are counted as the allocator rounds them)
+    assert estimate_memory(ix, order=steady).peak_bytes == 2 * U + 256
+    est = estimate_memory(ix)
+    assert est.peak_bytes == 3 * U  # x, a, b
+    assert (est.phase, est.peak_op) == ("warm-up", "b")
+    # where both orders agree, the estimate is the steady state's
+    assert estimate_memory(ix, order=warm).phase == "steady"
+
+
 def test_peaks_per_device_and_batch_size():
     g = G()
     g.op("x", "Placeholder", shape=(-1, 2048), device="/device:GPU:0")

@@ -29,6 +29,7 @@ from graphmem.analysis.loops import (
 )
 from graphmem.analysis.schedule import executor_order
 from graphmem.analysis.variables import persistent_buffers
+from graphmem.background import Background
 from graphmem.graph import dtypes
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
@@ -91,6 +92,9 @@ class MemoryEstimate:
     ops_in_step: int = 0
     loops: list[Loop] = field(default_factory=list)  # trip counts and how they were found
     notes: list[str] = field(default_factory=list)  # where the estimate is known to be short
+    # the executor's phase the peak is in: "steady" or "warm-up" (its first ~90 steps, when
+    # TF dispatches small ops as tasks; see schedule.py)
+    phase: str = "steady"
 
 
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
@@ -103,7 +107,9 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     bypassed: set[int] | None = None,
                     _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
-    in the executor's order (`schedule="executor"`) or the topological one ("topo").
+    in the executor's orders (`schedule="executor"`: its warm-up and steady-state orders,
+    keeping the higher peak, whose phase the estimate names) or the topological one
+    ("topo").
     With `host_device`, buffers on that device are left out of the peak and reported as
     `host_peak_bytes` (the device being saved is everything else). `library` holds the
     bodies of v2 While ops (default: the graph's own library); loops are sized by
@@ -112,30 +118,66 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     kernel_scratch.py). Peaks count the chunks TF's allocator hands out (`allocator`, see
     bfc.py), not the bytes asked for. Ops in `bypassed` are ones Grappler removes (they
     take no turn in the executor's order, see schedule.py)."""
-    if order is None:
-        order = executor_order(index, nodes, batch_size, bypassed) \
-            if schedule == "executor" \
-            else index.topo
-    if nodes is not None:
-        order = [i for i in order if i in nodes]
     host = normalize_device(host_device) if host_device else None
     loops = analyze_loops(index, batch_size, library, _loop_depth)
     variables = persistent_buffers(index)
-    run = _simulate(index, order, batch_size, host, keep_timeline, track_lives=bool(top),
-                    loops=loops, scratch=scratch_model(index, batch_size, onednn),
-                    allocator=allocator,
-                    forwards=forwarding_reductions(index, nodes, batch_size),
-                    persistent=[(normalize_device(index.devices[i]), b) for i, b in variables])
-    live_at_peak: list[LiveTensor] = []
-    if top and order:  # the buffers whose lifetime spans the peak
-        at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
-                   if born <= run.peak_pos <= freed]
-        at_peak.sort()  # largest first, then in the order they were allocated
-        live_at_peak = [_live_tensor(index, loops, buf, -b) for b, _, buf in at_peak[:top]]
-    return MemoryEstimate(run.peak, sum(b for _, b in variables), run.peak_pos,
-                          index.names[order[run.peak_pos]] if order else "", live_at_peak,
-                          run.peak_dev, run.timeline, run.unknown, run.host_peak, len(order),
-                          loops.loops, loops.notes)
+    run_in = _Simulation(index, batch_size, host, keep_timeline, top, loops,
+                         scratch_model(index, batch_size, onednn), allocator,
+                         forwarding_reductions(index, nodes, batch_size), variables, nodes)
+    if order is not None or schedule != "executor":
+        return run_in(order if order is not None else index.topo)
+    # a training run goes through TF's warm-up order, then its steady one (schedule.py):
+    # its peak is the higher of the two. On two cores a forked child simulates one
+    steady = executor_order(index, nodes, batch_size, bypassed)
+    warm = executor_order(index, nodes, batch_size, bypassed, warm_up=True)
+    if warm == steady:
+        return run_in(steady)
+    aside = Background(lambda: run_in(warm), len(index))
+    first = run_in(steady)
+    second = aside.result() or run_in(warm)
+    if second.peak_bytes > first.peak_bytes:
+        second.phase = "warm-up"
+        return second
+    return first
+
+
+@dataclass
+class _Simulation:
+    """What one simulation needs besides the order: computed once, shared by the
+    simulations of both orders."""
+
+    index: GraphIndex
+    batch_size: int | None
+    host: str | None
+    keep_timeline: bool
+    top: int
+    loops: LoopFacts
+    scratch: object
+    allocator: bool
+    forwards: set[int]
+    variables: list[tuple[int, int]]
+    nodes: set[int] | None
+
+    def __call__(self, order: list[int]) -> MemoryEstimate:
+        index, loops, variables = self.index, self.loops, self.variables
+        if self.nodes is not None:
+            order = [i for i in order if i in self.nodes]
+        run = _simulate(index, order, self.batch_size, self.host, self.keep_timeline,
+                        track_lives=bool(self.top), loops=loops, scratch=self.scratch,
+                        allocator=self.allocator, forwards=self.forwards,
+                        persistent=[(normalize_device(index.devices[i]), b)
+                                    for i, b in variables])
+        live_at_peak: list[LiveTensor] = []
+        if self.top and order:  # the buffers whose lifetime spans the peak
+            at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
+                       if born <= run.peak_pos <= freed]
+            at_peak.sort()  # largest first, then in the order they were allocated
+            live_at_peak = [_live_tensor(index, loops, buf, -b)
+                            for b, _, buf in at_peak[:self.top]]
+        return MemoryEstimate(run.peak, sum(b for _, b in variables), run.peak_pos,
+                              index.names[order[run.peak_pos]] if order else "",
+                              live_at_peak, run.peak_dev, run.timeline, run.unknown,
+                              run.host_peak, len(order), loops.loops, loops.notes)
 
 
 def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:

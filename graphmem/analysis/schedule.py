@@ -20,8 +20,11 @@ plan, where the segment was recomputed before the block's batch-norm gradient).
 
 Every kernel starts out expensive: TF's cost estimate of an op starts at 1e8 cycles and
 decays by a tenth per run, so only kernels that declare themselves inexpensive (Identity,
-Shape, Const, ...) run inline in a training run's first ~90 steps; ops producing at most
-4 KiB are taken as inexpensive too, as TF learns after that.
+Shape, Const, ...) run inline in a training run's first ~90 steps (`warm_up=True`); in the
+steady state after them, ops producing at most 4 KiB are taken as inexpensive too, as TF
+learns. The two orders can peak differently (a small op dispatched as a task lets the
+chain that readied it run on, holding what the task would have freed), and a training run
+goes through both: the estimator simulates each (memory.py).
 
 A TF2 train step is a function body (its inputs are `_Arg` ops). TF runs it inlined into
 the caller's graph, where every op without inputs waits on one input control node (a call
@@ -55,10 +58,11 @@ _SMALL_BYTES = 4096
 
 def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                    batch_size: int | None = None,
-                   bypassed: set[int] | None = None) -> list[int]:
-    """The ops of `nodes` in the order TF's executor runs them. Ops Grappler removes
-    before the step (`_grappler_removes`, and `bypassed`) take no turn: they complete with
-    the op that readies them, and what they ready is readied by that op."""
+                   bypassed: set[int] | None = None, warm_up: bool = False) -> list[int]:
+    """The ops of `nodes` in the order TF's executor runs them, in its steady state or
+    in its warm-up (`warm_up`: only CHEAP_OPS run inline). Ops Grappler removes before the
+    step (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op
+    that readies them, and what they ready is readied by that op."""
     n = len(index)
     member = bytearray(n)  # 1 for ops in the step
     for i in (nodes if nodes is not None else range(n)):
@@ -86,7 +90,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
         indeg[i] = count
         if op in CHEAP_OPS:
             cheap[i] = 1
-        else:
+        elif not warm_up:
             sizes = sizes_of(i)  # lists kept by the index's cache: their ids stay theirs
             verdict = small.get(id(sizes))
             if verdict is None:

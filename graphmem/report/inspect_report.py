@@ -27,7 +27,8 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     console.print(
         f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
         f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
-        f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})")
+        f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})"
+        f"{_PHASE_NOTE.get(facts.peak['phase'], '')}")
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
 
@@ -79,3 +80,7 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     for u in facts.untouched:
         ex = f" (e.g. {', '.join(u.examples[:3])})" if u.examples else ""
         console.print(f"[yellow]not touched[/]: {u.count} {u.what}: {u.why}{ex}")
+
+
+# said where the peak is in TF's first ~90 steps, not in the steady state after them
+_PHASE_NOTE = {"warm-up": ", in TF's warm-up steps (small ops dispatched as tasks)"}

@@ -63,7 +63,8 @@ def _loops_v1_doc(result: RewriteResult) -> dict | None:
 
 def _estimate_doc(est, swapping: bool) -> dict:
     doc = {"estimated_peak_bytes": est.peak_bytes, "persistent_bytes": est.persistent_bytes,
-           "peak_op": est.peak_op, "peak_by_device": est.peak_by_device,
+           "peak_op": est.peak_op, "peak_phase": est.phase,
+           "peak_by_device": est.peak_by_device,
            "notes": est.notes}
     if swapping:
         doc["host_peak_bytes"] = est.host_peak_bytes
@@ -154,8 +155,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     top = max(b.peak_bytes, a.peak_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
         bar = "█" * max(1, round(width * est.peak_bytes / top))
+        phase = " (TF's warm-up steps)" if est.phase == "warm-up" else ""
         console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)} at "
-                      f"{est.peak_op}")
+                      f"{est.peak_op}{phase}")
 
 
 def _render_loops(result: RewriteResult, console: Console) -> None:
