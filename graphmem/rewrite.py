@@ -42,8 +42,9 @@ if TYPE_CHECKING:  # imported where used: most rewrites need none of them (start
 # may fit.
 MODEL_SLACK = 0.02
 # Plans tried between a budget plan that fits and one that does not (each one more apply
-# and estimate)
+# and estimate), and the model solves that may take to find them
 BISECT_STEPS = 3
+BISECT_PROBES = 8
 
 
 @dataclass
@@ -220,13 +221,16 @@ def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, 
         # `graphmem plan` offers as the bottom of its curve (planned for a budget of its
         # peak: below it the model returns another plan of that peak): a candidate too
         attempt(solution.min_peak)
-    for _step in range(BISECT_STEPS):
+    new_plans = len(runs) + BISECT_STEPS
+    for _probe in range(BISECT_PROBES):
         # one correction can overshoot: the model's error differs from plan to plan. Between
         # the largest model budget whose plan fits and the smallest above it whose plan
-        # does not, a cheaper plan that fits may lie
+        # does not, a cheaper plan that fits may lie (a probe may land on a plan already
+        # estimated: it narrows the interval all the same)
         fit = [b for b, fits in probes if fits]
         over = [b for b, fits in probes if not fits and fit and b > max(fit)]
-        if not over or min(over) - max(fit) <= MODEL_SLACK * budget:
+        if not over or min(over) - max(fit) <= MODEL_SLACK * budget or \
+                len(runs) >= new_plans:
             break
         attempt((max(fit) + min(over)) // 2)
     for policy in ("memory", "speed", "memory_top"):

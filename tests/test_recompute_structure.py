@@ -150,6 +150,30 @@ def test_copies_are_held_back_one_segment_ahead(residual):
     assert after.peak_bytes < 0.7 * before.peak_bytes
 
 
+def test_no_lead_across_checkpoints_kept_whole():
+    """A budget plan keeps a run of layers whole (every saved activation a checkpoint): the
+    segment below that run recomputes just in time, held back by its own triggers, not by
+    the next recomputed segment's, whose backward runs before the whole run's (a lead from
+    there held the copies through it: an MLP budget plan measured 1.56x its budget)."""
+    g = chain_training_graph(24, batch=256)
+    ix = _index(g)
+    regions = analyze_regions(ix)
+    facts = analyze_forward(ix, regions)
+    saved = {_layer(s.name): s.tensor for s in regions.saved if s.name.startswith("layer_")}
+    whole = range(8, 16)  # layers kept whole; the others recomputed, around 3 and 20
+    cps = [saved[j] for j in (3, *whole, 20)]
+    plan = apply_recompute(ix, regions, facts, cps)
+    _index(g)  # raises on a cycle
+    by_top = {}
+    for seg in plan.segments:
+        by_top.setdefault(max(_layer(t) for t in seg.targets), []).append(seg)
+    below_gap = by_top[7]  # layers 4-7: the next segment with copies is above the run
+    assert below_gap and not any(seg.ahead for seg in below_gap)
+    for seg in below_gap:  # its own triggers: the gradient entering layer 8, just above it
+        assert {_layer(t) for t in seg.triggers} == {8}, seg.triggers
+    assert all(seg.ahead for seg in by_top[2])  # layers 0-2, next to 4-7: one segment ahead
+
+
 def test_shape_readers_stop_waiting_for_the_forward_pass():
     """TF1 batch norm: backward Shape ops built under control_dependencies(UPDATE_OPS) wait for
     every moving-average update and keep the activations they measure alive until the forward

@@ -13,6 +13,7 @@ allocator rounds them (multiples of 256 bytes); which ops run at all is the call
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from google.protobuf.message import Message
 
@@ -27,7 +28,7 @@ from graphmem.analysis.loops import (
     analyze_loops,
     element_view,
 )
-from graphmem.analysis.schedule import executor_order
+from graphmem.analysis.schedule import executor_orders
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
@@ -126,19 +127,17 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes)
     if order is not None or schedule != "executor":
         return run_in(order if order is not None else index.topo)
-    # a training run goes through TF's warm-up order, then its steady one (schedule.py):
-    # its peak is the higher of the two. On two cores a forked child simulates one
-    steady = executor_order(index, nodes, batch_size, bypassed)
-    warm = executor_order(index, nodes, batch_size, bypassed, warm_up=True)
-    if warm == steady:
-        return run_in(steady)
-    aside = Background(lambda: run_in(warm), len(index))
-    first = run_in(steady)
-    second = aside.result() or run_in(warm)
-    if second.peak_bytes > first.peak_bytes:
-        second.phase = "warm-up"
-        return second
-    return first
+    # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
+    # its peak is the highest. On two cores forked children simulate the others
+    (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
+    aside = [(phase, order, Background(partial(run_in, order), len(index)))
+             for phase, order in others]
+    best = run_in(first_order)
+    for phase, order, job in aside:
+        est = job.result() or run_in(order)
+        if est.peak_bytes > best.peak_bytes:
+            est.phase, best = phase, est
+    return best
 
 
 @dataclass

@@ -56,13 +56,44 @@ CHEAP_OPS = frozenset({
 _SMALL_BYTES = 4096
 
 
+def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
+                    batch_size: int | None = None,
+                    bypassed: set[int] | None = None) -> list[tuple[str, list[int]]]:
+    """The distinct orders a training run goes through, each with its phase: the steady
+    state's, and the warm-up's. In a TF2 step the warm-up's dispatched ops are taken both
+    ways: the caller's thread runs the step's start and queues the expensive ops it
+    readies behind each other (first in, first out), while the pool thread, once it runs
+    them, takes what it queues itself last in, first out; which thread readies an op
+    changes from step to step and process to process, and so does the peak (a Keras step
+    measured 122, 136 and 145 KiB in three processes). A TF1 step runs on the pool thread
+    after its first op: last in, first out."""
+    steady = executor_order(index, nodes, batch_size, bypassed)
+    found = [("steady", steady)]
+    candidates = [executor_order(index, nodes, batch_size, bypassed, warm_up=True)]
+    if is_function_body(index, nodes if nodes is not None else range(len(index))):
+        candidates.append(executor_order(index, nodes, batch_size, bypassed, warm_up=True,
+                                         fifo=True))
+    for order in candidates:
+        if all(order != seen for _, seen in found):
+            found.append(("warm-up", order))
+    return found
+
+
+def is_function_body(index: GraphIndex, ops) -> bool:
+    """Whether a step (its ops, or its sources) is a function's body: it takes arguments
+    (a TF2 train step)."""
+    return any(index.ops[i] == "_Arg" for i in ops)
+
+
 def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                    batch_size: int | None = None,
-                   bypassed: set[int] | None = None, warm_up: bool = False) -> list[int]:
+                   bypassed: set[int] | None = None, warm_up: bool = False,
+                   fifo: bool = False) -> list[int]:
     """The ops of `nodes` in the order TF's executor runs them, in its steady state or
-    in its warm-up (`warm_up`: only CHEAP_OPS run inline). Ops Grappler removes before the
-    step (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op
-    that readies them, and what they ready is readied by that op."""
+    in its warm-up (`warm_up`: only CHEAP_OPS run inline), its dispatched ops taken last
+    in, first out or (`fifo`) first in, first out. Ops Grappler removes before the step
+    (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op that
+    readies them, and what they ready is readied by that op."""
     n = len(index)
     member = bytearray(n)  # 1 for ops in the step
     for i in (nodes if nodes is not None else range(n)):
@@ -98,11 +129,12 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                                                      for b in sizes))
             cheap[i] = verdict
     transparent = _grappler_removes(index, member, bypassed)
-    tasks: list[int] = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
+    tasks: deque[int] = deque(i for i in reversed(index.topo) if member[i] and indeg[i] == 0)
     inline: deque[int] = deque()
-    if any(ops[i] == "_Arg" for i in tasks):  # a function body: its sources start together
+    if is_function_body(index, tasks):  # a function body: its sources start together
         inline.extend(reversed(tasks))
-        tasks = []
+        tasks = deque()
+    take = tasks.popleft if fifo else tasks.pop
     order: list[int] = []
     loops = _LoopExits(index, member)
     looping = loops.active  # v1 loops: Exits wait for their body
@@ -130,7 +162,7 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     while True:
         while tasks or inline:
             if not inline:
-                inline.append(tasks.pop())
+                inline.append(take())
             i = inline.popleft()
             order.append(i)
             if looping:

@@ -198,8 +198,8 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
                    batch_size: int | None) -> dict[int, set[int]]:
     """Triggers one segment ahead, by group number; groups left out keep their own.
 
-    For segment k, the next segment is the nearest later one with copies (its backward runs
-    just before k's). Walking that segment's copied ops up from its bottom, the cut is where
+    For segment k, the next segment is k + 1, when it has copies (its backward runs just
+    before k's; when it has none, k keeps its own triggers). Walking that segment's copied ops up from its bottom, the cut is where
     their forward FLOPs reach LEAD_RATIO times those of k's copies; k's triggers are then
     those of the next segment's targets below the cut: the backward ops that bring the
     gradient into that part. One walk per segment: linear in the ops copied. A lead trigger
@@ -218,6 +218,11 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
 
     lead_of_seg: dict[int, set[int]] = {}
     for k, seg in enumerate(segs[:-1]):
+        if segs[k + 1] != seg + 1:
+            # checkpoints kept whole lie between (a budget plan's): the backward pass
+            # through them runs between the next segment's and this one's, so a lead
+            # taken from the next segment would hold the copies through all of it
+            continue
         nxt = by_seg[segs[k + 1]]
         ops = sorted({i for h in nxt for i in h.needed}, key=position.__getitem__)
         want = LEAD_RATIO * sum(cost(i) for h in by_seg[seg] for i in h.needed)
