@@ -67,22 +67,15 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     changes from step to step and process to process, and so does the peak (a Keras step
     measured 122, 136 and 145 KiB in three processes). A TF1 step runs on the pool thread
     after its first op: last in, first out."""
-    steady = executor_order(index, nodes, batch_size, bypassed)
-    found = [("steady", steady)]
-    candidates = [executor_order(index, nodes, batch_size, bypassed, warm_up=True)]
-    if is_function_body(index, nodes if nodes is not None else range(len(index))):
-        candidates.append(executor_order(index, nodes, batch_size, bypassed, warm_up=True,
-                                         fifo=True))
+    step = _StepGraph(index, nodes, batch_size, bypassed)
+    found = [("steady", step.walk(warm_up=False))]
+    candidates = [step.walk(warm_up=True)]
+    if step.function_body:
+        candidates.append(step.walk(warm_up=True, fifo=True))
     for order in candidates:
         if all(order != seen for _, seen in found):
             found.append(("warm-up", order))
     return found
-
-
-def is_function_body(index: GraphIndex, ops) -> bool:
-    """Whether a step (its ops, or its sources) is a function's body: it takes arguments
-    (a TF2 train step)."""
-    return any(index.ops[i] == "_Arg" for i in ops)
 
 
 def executor_order(index: GraphIndex, nodes: set[int] | None = None,
@@ -94,100 +87,120 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     in, first out or (`fifo`) first in, first out. Ops Grappler removes before the step
     (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op that
     readies them, and what they ready is readied by that op."""
-    n = len(index)
-    member = bytearray(n)  # 1 for ops in the step
-    for i in (nodes if nodes is not None else range(n)):
-        member[i] = 1
-    ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    cheap = bytearray(n)
-    sizes_of = index.output_bytes(batch_size)
-    small: dict[int, int] = {}  # id of a list of output sizes (shared) -> all small
-    for i in index.topo:
-        if not member[i]:
-            continue
-        op = ops[i]
-        loop_back = op in ("Merge", "RefMerge")
-        count = 0
-        for s, _ in data_inputs[i]:
-            if member[s] and not (loop_back and ops[s] in _BACK_EDGE_SOURCES):
-                succ[s].append(i)
-                count += 1
-        for s in control_inputs[i]:
-            if member[s]:
-                succ[s].append(i)
-                count += 1
-        indeg[i] = count
-        if op in CHEAP_OPS:
-            cheap[i] = 1
-        elif not warm_up:
-            sizes = sizes_of(i)  # lists kept by the index's cache: their ids stay theirs
-            verdict = small.get(id(sizes))
-            if verdict is None:
-                verdict = small[id(sizes)] = int(all(b is not None and b <= _SMALL_BYTES
-                                                     for b in sizes))
-            cheap[i] = verdict
-    transparent = _grappler_removes(index, member, bypassed)
-    tasks: deque[int] = deque(i for i in reversed(index.topo) if member[i] and indeg[i] == 0)
-    inline: deque[int] = deque()
-    if is_function_body(index, tasks):  # a function body: its sources start together
-        inline.extend(reversed(tasks))
-        tasks = deque()
-    take = tasks.popleft if fifo else tasks.pop
-    order: list[int] = []
-    loops = _LoopExits(index, member)
-    looping = loops.active  # v1 loops: Exits wait for their body
+    return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo)
 
-    def complete(i: int) -> list[int]:
-        """Ops made ready by op i, in GraphDef order (TF's out-edges are), through ops
-        Grappler removes, which complete at once (and join the order after i)."""
-        ready: list[int] = []
-        stack = [i]
-        while stack:
-            x = stack.pop()
-            for j in succ[x]:
-                d = indeg[j] - 1
-                indeg[j] = d
-                if d or (looping and loops.park(j)):
-                    continue
-                if transparent[j]:
-                    order.append(j)
-                    stack.append(j)
-                else:
-                    ready.append(j)
-        ready.sort()
-        return ready
 
-    while True:
-        while tasks or inline:
-            if not inline:
-                inline.append(take())
-            i = inline.popleft()
-            order.append(i)
-            if looping:
-                inline.extend(loops.ran(i))
-            expensive = None
-            for j in complete(i):
-                if cheap[j]:
-                    inline.append(j)
-                else:
-                    if expensive is not None:
+class _StepGraph:
+    """The step's ops with their successors, pending counts and which ones run inline:
+    built once, walked once per order (executor_orders walks it two or three times)."""
+
+    def __init__(self, index: GraphIndex, nodes: set[int] | None, batch_size: int | None,
+                 bypassed: set[int] | None) -> None:
+        n = len(index)
+        member = bytearray(n)  # 1 for ops in the step
+        for i in (nodes if nodes is not None else range(n)):
+            member[i] = 1
+        ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
+        indeg = [0] * n
+        succ: list[list[int]] = [[] for _ in range(n)]
+        inexpensive = bytearray(n)  # kernels TF marks inexpensive: inline from the start
+        learned = bytearray(n)  # those and ops this small: inline once TF knows their cost
+        sizes_of = index.output_bytes(batch_size)
+        verdicts: dict[int, int] = {}  # id of a list of output sizes (shared) -> all small
+        for i in index.topo:
+            if not member[i]:
+                continue
+            op = ops[i]
+            loop_back = op in ("Merge", "RefMerge")
+            count = 0
+            for s, _ in data_inputs[i]:
+                if member[s] and not (loop_back and ops[s] in _BACK_EDGE_SOURCES):
+                    succ[s].append(i)
+                    count += 1
+            for s in control_inputs[i]:
+                if member[s]:
+                    succ[s].append(i)
+                    count += 1
+            indeg[i] = count
+            if op in CHEAP_OPS:
+                inexpensive[i] = learned[i] = 1
+            else:
+                sizes = sizes_of(i)  # lists kept by the index's cache: their ids stay theirs
+                verdict = verdicts.get(id(sizes))
+                if verdict is None:
+                    verdict = verdicts[id(sizes)] = int(
+                        all(b is not None and b <= _SMALL_BYTES for b in sizes))
+                learned[i] = verdict
+        self.index, self.member, self.succ, self.indeg = index, member, succ, indeg
+        self.inexpensive, self.learned = inexpensive, learned
+        self.transparent = _grappler_removes(index, member, bypassed)
+        self.sources = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
+        # a function body (a TF2 train step): its sources start together
+        self.function_body = any(ops[i] == "_Arg" for i in self.sources)
+
+    def walk(self, warm_up: bool = False, fifo: bool = False) -> list[int]:
+        index, member, succ, transparent = self.index, self.member, self.succ, self.transparent
+        indeg = list(self.indeg)
+        cheap = self.inexpensive if warm_up else self.learned
+        tasks: deque[int] = deque()
+        inline: deque[int] = deque()
+        if self.function_body:
+            inline.extend(reversed(self.sources))
+        else:
+            tasks.extend(self.sources)
+        take = tasks.popleft if fifo else tasks.pop
+        order: list[int] = []
+        loops = _LoopExits(index, member)
+        looping = loops.active  # v1 loops: Exits wait for their body
+
+        def complete(i: int) -> list[int]:
+            """Ops made ready by op i, in GraphDef order (TF's out-edges are), through ops
+            Grappler removes, which complete at once (and join the order after i)."""
+            ready: list[int] = []
+            stack = [i]
+            while stack:
+                x = stack.pop()
+                for j in succ[x]:
+                    d = indeg[j] - 1
+                    indeg[j] = d
+                    if d or (looping and loops.park(j)):
+                        continue
+                    if transparent[j]:
+                        order.append(j)
+                        stack.append(j)
+                    else:
+                        ready.append(j)
+            ready.sort()
+            return ready
+
+        while True:
+            while tasks or inline:
+                if not inline:
+                    inline.append(take())
+                i = inline.popleft()
+                order.append(i)
+                if looping:
+                    inline.extend(loops.ran(i))
+                expensive = None
+                for j in complete(i):
+                    if cheap[j]:
+                        inline.append(j)
+                    else:
+                        if expensive is not None:
+                            tasks.append(expensive)
+                        expensive = j
+                if expensive is not None:
+                    if inline:
                         tasks.append(expensive)
-                    expensive = j
-            if expensive is not None:
-                if inline:
-                    tasks.append(expensive)
-                else:  # nothing inexpensive runs inline first: this op runs next
-                    inline.append(expensive)
-        if not loops.active or not loops.parked:
-            break
-        inline.extend(loops.release_all())  # a body op that never ran: do not stall
-    expected = sum(member)
-    if len(order) != expected:  # should not happen on an indexed graph; keep every op
-        seen = set(order)
-        order.extend(i for i in index.topo if member[i] and i not in seen)
-    return order
+                    else:  # nothing inexpensive runs inline first: this op runs next
+                        inline.append(expensive)
+            if not loops.active or not loops.parked:
+                break
+            inline.extend(loops.release_all())  # a body op that never ran: do not stall
+        if len(order) != sum(member):  # should not happen on an indexed graph: keep every op
+            seen = set(order)
+            order.extend(i for i in index.topo if member[i] and i not in seen)
+        return order
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})

@@ -199,10 +199,11 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
     """Triggers one segment ahead, by group number; groups left out keep their own.
 
     For segment k, the next segment is k + 1, when it has copies (its backward runs just
-    before k's; when it has none, k keeps its own triggers). Walking that segment's copied ops up from its bottom, the cut is where
-    their forward FLOPs reach LEAD_RATIO times those of k's copies; k's triggers are then
-    those of the next segment's targets below the cut: the backward ops that bring the
-    gradient into that part. One walk per segment: linear in the ops copied. A lead trigger
+    before k's; when it has none, k keeps its own triggers). Walking that segment's copied
+    ops up from its bottom, the cut is where their forward FLOPs reach LEAD_RATIO times
+    those of k's copies; k's triggers are then those of the next segment's targets below
+    the cut: the backward ops that bring the gradient into that part. One walk per
+    segment: linear in the ops copied. A lead trigger
     must sit before every reader of the group's copies and every optimizer write ordered
     after them in the topological order, so it cannot depend on the copies (no cycle);
     otherwise the group keeps its own triggers.
