@@ -17,11 +17,14 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.runtime.train_runner import RunSpec, make_feeds, make_runner
 from graphmem.runtime.verify import GraphRun
+
+ROOT = Path(__file__).resolve().parents[1]  # where `-m benchmarks.measure` is found
 
 
 def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | None = None,
@@ -44,8 +47,10 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
 
 def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: int = 3,
             tag: str | None = None, grappler_memory: str | None = None,
-            warmup: int = 0) -> dict:
-    """Median over `processes` fresh processes of measure_here."""
+            warmup: int = 0, env: dict | None = None) -> dict:
+    """Median over `processes` fresh processes of measure_here. `env`: their environment
+    (default: this one's; a caller that built models here passes the one it started
+    with, as model builders set TF variables, such as oneDNN off)."""
     runs = []
     for _ in range(processes):
         cmd = [sys.executable, "-m", "benchmarks.measure", path, "--batch", str(batch),
@@ -56,7 +61,8 @@ def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: 
             cmd += ["--grappler-memory", grappler_memory]
         if warmup:
             cmd += ["--warmup", str(warmup)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT,
+                             env=env)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {"peak": int(statistics.median(r["peak"] for r in runs)),
             "seconds": statistics.median(r["seconds"] for r in runs),
