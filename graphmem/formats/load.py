@@ -175,7 +175,9 @@ def _choose_function(model: LoadedModel, function: str | None) -> str | None:
         shown = ", ".join(candidates or sorted(names)[:20]) or "none"
         raise InputError(f"no function {function!r} in the graph's library "
                          f"(training functions: {shown})")
-    if any(_is_backward_name(n.name) for n in model.graph_def.node):
+    # gradient ops come after the forward pass in a graph's node list: from the end, the
+    # first few names answer (from the front, a 100k-node graph's forward half is read)
+    if any(_is_backward_name(n.name) for n in reversed(model.graph_def.node)):
         return None
     if len(candidates) == 1:
         return candidates[0]
