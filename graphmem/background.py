@@ -68,6 +68,21 @@ class Background(Generic[T]):
     def forked(self) -> bool:
         return self._pid is not None
 
+    def cancel(self) -> None:
+        """Stop the child, if any, and forget it: for a caller that fails before it needs
+        the value (a child left writing into a full pipe nobody reads would wait forever)."""
+        if self._pid is None:
+            return
+        import signal
+
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self._fd)
+        os.waitpid(self._pid, 0)
+        self._pid = self._fd = None
+
     def result(self) -> T | None:
         if self._pid is None:
             return self._value

@@ -10,6 +10,9 @@ from benchmarks.synthetic import chain_training_graph
 from graphmem import background
 from graphmem.background import Background
 from graphmem.formats.model import LoadedModel
+from graphmem.graph import index as index_module
+from graphmem.graph.index import GraphIndex
+from graphmem.graph.opdefs import OpRegistry
 from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_workspace
 
@@ -36,6 +39,15 @@ def test_failing_child_gives_no_result_and_no_exception():
 def test_large_results_pass_through_the_pipe():
     job = Background(lambda: list(range(300_000)), nodes=0, force=True)  # > a pipe's buffer
     assert job.result() == list(range(300_000))
+
+
+def test_cancel_stops_a_child_blocked_on_a_full_pipe():
+    job = Background(lambda: list(range(1_000_000)), nodes=0, force=True)  # never read
+    pid = job._pid
+    job.cancel()
+    assert not job.forked
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left behind
+        os.waitpid(pid, os.WNOHANG)
 
 
 def test_small_graphs_compute_in_process():
@@ -75,3 +87,37 @@ def test_rewrite_recovers_when_the_child_fails(monkeypatch):
     monkeypatch.setattr(background, "pickle", Unpicklable)
     recovered = _rewrite(monkeypatch, True)
     assert recovered.before == inline.before
+
+
+def _index(monkeypatch, fork: bool) -> GraphIndex:
+    monkeypatch.setattr(background, "MIN_NODES", 0 if fork else 10**12)
+    monkeypatch.setattr(background, "fork_usable", lambda: fork)
+    jobs = []
+
+    class Recorded(Background):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            jobs.append(self.forked)
+
+    monkeypatch.setattr(index_module, "Background", Recorded)
+    graph = chain_training_graph(30, residual=True)
+    index = GraphIndex.build(graph, OpRegistry(use_tensorflow=False))
+    assert jobs == [fork]  # the attrs were read in a child exactly when forking
+    return index
+
+
+def _sharing(lists: list) -> list[int]:
+    """Which entries share one list object: the first index holding the same object."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(x), k) if x is not None else -1 for k, x in enumerate(lists)]
+
+
+def test_index_attrs_read_in_a_child_are_those_read_in_process(monkeypatch):
+    forked, inline = _index(monkeypatch, True), _index(monkeypatch, False)
+    assert forked.out_dtypes == inline.out_dtypes and forked.out_shapes == inline.out_shapes
+    assert forked.stateful == inline.stateful and forked.num_outputs == inline.num_outputs
+    assert forked.topo == inline.topo
+    # nodes of one signature share their lists either way (the size caches key on them)
+    assert _sharing(forked.out_shapes) == _sharing(inline.out_shapes)
+    assert _sharing(forked.out_dtypes) == _sharing(inline.out_dtypes)
+    assert any(forked.stateful)  # the variables: the comparison saw real values

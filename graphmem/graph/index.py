@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 from google.protobuf.message import Message
 
+from graphmem.background import Background
 from graphmem.errors import InputError
 from graphmem.graph import dtypes
 from graphmem.graph.names import parse_input
@@ -101,6 +103,13 @@ class GraphIndex:
             ops.append(shared.setdefault(op, op))
             device = node.device
             devices.append(shared.setdefault(device, device))
+        # Reading the attrs (output dtypes, `_output_shapes`) is a third of a fresh index's
+        # cost and needs no edge: on a second core a forked child reads them while this
+        # process reads the edges and sorts (background.py). Only where the file describes
+        # every op type: a lookup in TensorFlow's registry would import TensorFlow there.
+        attr_job = None
+        if not kept and registry.describes(set(ops)):
+            attr_job = Background(partial(_attr_facts, nodes, ops, 0, n, registry, {}), n)
         control_consumers: list[list[int]] = [[] for _ in range(n)]
         idx.control_consumers = control_consumers
         max_out = [0] * n
@@ -118,6 +127,8 @@ class GraphIndex:
                     src_name, k, is_ctrl = parse_input(text)
                     src = id_of.get(src_name)
                     if src is None:
+                        if attr_job is not None:
+                            attr_job.cancel()
                         raise InputError(f"node {node.name!r} reads {text!r}, which is not "
                                          "in the graph")
                     if is_ctrl:
@@ -144,20 +155,16 @@ class GraphIndex:
             if idx.num_outputs == previous.num_outputs:  # same outputs: sizes carry over
                 idx._bytes = {batch: sizes + [None] * (n - kept)
                               for batch, sizes in previous._bytes.items()}
-        lookup = _SignatureCache(registry).lookup
-        shape_of_attr = idx._parse_shapes
-        stateful_of, out_dtypes, out_shapes, num_outputs = idx.stateful, idx.out_dtypes, \
-            idx.out_shapes, idx.num_outputs
-        for i in range(kept, n):
-            node = nodes[i]
-            attrs = node.attr  # one wrapper per node, handed to the lookup too
-            stateful, types = lookup(ops[i], node, attrs)
-            stateful_of.append(stateful)
-            shapes = shape_of_attr(attrs["_output_shapes"], node) \
-                if "_output_shapes" in attrs else None
+        facts = attr_job.result() if attr_job is not None else None
+        if facts is None:  # not forked (or the child failed): read the attrs here
+            facts = _attr_facts(nodes, ops, kept, n, registry, idx._shape_cache)
+        stateful, types_of, shapes_of, idx._shape_cache = facts
+        idx.stateful.extend(stateful)
+        out_dtypes, out_shapes, num_outputs = idx.out_dtypes, idx.out_shapes, idx.num_outputs
+        for i, types, shapes in zip(range(kept, n), types_of, shapes_of, strict=True):
             n_shapes = len(shapes) if shapes else 0
             if types is None:
-                types = _guess_dtypes(node, max(max_out[i], n_shapes))
+                types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
             out_dtypes.append(types)
             out_shapes.append(shapes if n_shapes else None)
             count = len(types) if types is not None else 0
@@ -338,17 +345,6 @@ class GraphIndex:
     def shapes_of(self, i: int) -> list[list[int] | None] | None:
         """Static shapes of node i's outputs (from `_output_shapes`, parsed by `build`)."""
         return self.out_shapes[i]
-
-    def _parse_shapes(self, value: Message, node: Message) -> list[list[int] | None]:
-        """Node's `_output_shapes` (its AttrValue `value`), parsed once per distinct value:
-        big graphs repeat a few shapes, and one C call to serialize beats walking the dims
-        in Python. Every op and analysis asks for the shapes of nearly every node, so
-        `build` parses them as it reads the node's attrs."""
-        key = value.SerializeToString()
-        shapes = self._shape_cache.get(key)
-        if shapes is None:
-            shapes = self._shape_cache[key] = _output_shapes(node)
-        return shapes
 
     def output_bytes(self, batch_size: int | None):
         """A function i -> bytes of each output of node i (None where unknown), cached per
@@ -597,6 +593,35 @@ def closing_cycles(index: GraphIndex, edges: dict[int, list[tuple[int, int]]]) -
             preds[v].append(u)
     _, indeg = kahn(preds)
     return [a for a, es in edges.items() if any(indeg[v] > 0 for _, v in es)]
+
+
+def _attr_facts(nodes, ops: list[str], start: int, end: int, registry: OpRegistry,
+                shape_cache: dict[bytes, list]) -> tuple[list[bool], list, list, dict]:
+    """Statefulness, output dtypes (None without an OpDef) and parsed `_output_shapes` of
+    nodes start..end-1, from their op and attrs alone, and `shape_cache` with the shapes
+    added. Each distinct `_output_shapes` value is parsed once, keyed by its serialized
+    form: big graphs repeat a few shapes, and one C call to serialize beats walking the
+    dims in Python; nodes of one value share one list (so do nodes of one signature their
+    dtype list), which later caches key on."""
+    lookup = _SignatureCache(registry).lookup
+    stateful_of: list[bool] = []
+    types_of: list = []
+    shapes_of: list = []
+    for i in range(start, end):
+        node = nodes[i]
+        attrs = node.attr  # one wrapper per node, handed to the lookup too
+        stateful, types = lookup(ops[i], node, attrs)
+        stateful_of.append(stateful)
+        types_of.append(types)
+        if "_output_shapes" in attrs:
+            key = attrs["_output_shapes"].SerializeToString()
+            shapes = shape_cache.get(key)
+            if shapes is None:
+                shapes = shape_cache[key] = _output_shapes(node)
+            shapes_of.append(shapes)
+        else:
+            shapes_of.append(None)
+    return stateful_of, types_of, shapes_of, shape_cache
 
 
 class _SignatureCache:

@@ -59,6 +59,12 @@ class OpRegistry:
             self._tf_cache[op_type] = _registry_op_def(op_type)
         return self._tf_cache[op_type]
 
+    def describes(self, op_types) -> bool:
+        """Whether every op type is known without asking TensorFlow (which would import
+        it): from the file's op list or library, or because TensorFlow is not to be asked."""
+        return not self.use_tensorflow or all(
+            op in self.op_defs or op in self.functions for op in op_types)
+
     def is_stateful(self, op_type: str) -> bool:
         op_def = self.op_def(op_type)
         if op_def is not None:
