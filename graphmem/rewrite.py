@@ -118,42 +118,46 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     aside = options.policy != "budget" and not options.grappler
     before_job = Background(lambda: _estimate(ws, regions, options), len(index),
                             force=None if aside else False)
-    nodes_before = len(index)
-    original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
+    try:  # a failure before the original's estimate is collected stops its child
+        nodes_before = len(index)
+        original = ws.graph_def.SerializeToString()  # to undo a rewrite; bytes are compact
 
-    def restore(reindex: bool = True):
-        ws.graph_def.ParseFromString(original)
-        _restore_functions(ws)
-        if reindex:
-            return ws.reindex(appended=False)
-        # the original's index still describes the graph (passes edit the graph and
-        # index anew; the driver keeps using `index` after every restore)
-        ws.index = index
-        return index
-    budget = solution = base_peak = None
-    if options.policy == "budget":
-        from graphmem.passes.budget import parse_budget
+        def restore(reindex: bool = True):
+            ws.graph_def.ParseFromString(original)
+            _restore_functions(ws)
+            if reindex:
+                return ws.reindex(appended=False)
+            # the original's index still describes the graph (passes edit the graph and
+            # index anew; the driver keeps using `index` after every restore)
+            ws.index = index
+            return index
+        budget = solution = base_peak = None
+        if options.policy == "budget":
+            from graphmem.passes.budget import parse_budget
 
-        base_peak = before_job.result().peak_bytes
-        budget = parse_budget(options.budget or "", base_peak)
-    if budget is not None and options.early_updates and options.swap is None:
-        # the budget model's base is the peak without recompute *after* early updates: on
-        # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
-        # remove most of it, and a base from the original would buy recompute for nothing
-        base_peak = early_updates_peak(ws, index, regions, facts, options)
-        restore()
-    if budget is None:
-        choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
-                                    options.checkpoint_patterns, ws.collection("checkpoints"))
-        checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
-        plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = _apply_passes(
-            ws, index, regions, facts, choice, checkpoints, options)
-        after = _estimate(ws, new_regions, options)
-    else:
-        best, solution = _budget_plan(ws, index, regions, facts, options, budget, base_peak,
-                                      restore)
-        choice, checkpoints, after = best.choice, best.checkpoints, best.after
-        plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = best.passes
+            base_peak = before_job.result().peak_bytes
+            budget = parse_budget(options.budget or "", base_peak)
+        if budget is not None and options.early_updates and options.swap is None:
+            # the budget model's base is the peak without recompute *after* early updates: on
+            # graphs whose peak is weight gradients waiting for the optimizer (MLPs) they alone
+            # remove most of it, and a base from the original would buy recompute for nothing
+            base_peak = early_updates_peak(ws, index, regions, facts, options)
+            restore()
+        if budget is None:
+            choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
+                                        options.checkpoint_patterns, ws.collection("checkpoints"))
+            checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
+            plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = _apply_passes(
+                ws, index, regions, facts, choice, checkpoints, options)
+            after = _estimate(ws, new_regions, options)
+        else:
+            best, solution = _budget_plan(ws, index, regions, facts, options, budget, base_peak,
+                                          restore)
+            choice, checkpoints, after = best.choice, best.checkpoints, best.after
+            plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = best.passes
+    except BaseException:
+        before_job.cancel()
+        raise
     before = before_job.result() or _estimate_bytes(ws, original, options)
     reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
     if reverted:  # never hand back a graph the estimate says is worse
