@@ -13,7 +13,6 @@ from functools import wraps
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from graphmem import __version__
 from graphmem.errors import GraphmemError, UsageError
@@ -21,7 +20,9 @@ from graphmem.errors import GraphmemError, UsageError
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
 
 
-def _console() -> Console:
+def _console():
+    from rich.console import Console  # imported for tables only: --json runs need none
+
     return Console(highlight=False, soft_wrap=True)
 
 

@@ -214,8 +214,14 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
     segs = sorted(by_seg)
     position = index.position
 
+    costs: dict[int, int] = {}  # each copied op is costed twice: for its own segment's
+    # total and in the walk up the segment after (op_flops reads a matmul's attrs)
+
     def cost(i: int) -> int:
-        return op_flops(index, i, batch_size or 1)  # only ratios matter: any batch will do
+        found = costs.get(i)
+        if found is None:  # only ratios matter: any batch will do
+            found = costs[i] = op_flops(index, i, batch_size or 1)
+        return found
 
     lead_of_seg: dict[int, set[int]] = {}
     for k, seg in enumerate(segs[:-1]):

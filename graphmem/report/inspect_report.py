@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from graphmem.analysis.inspect import InspectFacts
 from graphmem.units import format_bytes, format_shape
 
+if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
+    from rich.console import Console
+
 
 def render_inspect(facts: InspectFacts, console: Console) -> None:
+    from rich.table import Table
+
     m = facts.model
     where = m["path"] + f"  [dim]{m['format']}"
     if m["tags"]:

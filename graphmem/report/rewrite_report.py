@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from graphmem.rewrite import RewriteResult
 from graphmem.units import format_bytes, format_shape
+
+if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
+    from rich.console import Console
 
 
 def rewrite_document(result: RewriteResult, output: str) -> dict:
@@ -80,6 +82,8 @@ def _more(console: Console, count: int, what: str) -> None:
 
 
 def render_rewrite(result: RewriteResult, output: str, console: Console) -> None:
+    from rich.table import Table
+
     plan, choice = result.plan, result.choice
     console.print(f"[bold]{result.model.path}[/] -> [bold]{output}[/]")
     console.print(f"policy [bold]{choice.policy}[/]: {choice.note}")
@@ -198,6 +202,8 @@ def _render_loops_v1(result: RewriteResult, console: Console) -> None:
 
 
 def _render_swap(result: RewriteResult, console: Console) -> None:
+    from rich.table import Table
+
     swap = result.swap
     t = Table(title=f"swap: {swap.swapped_tensors} tensors in {len(swap.pairs)} swap pairs, "
                     f"{format_bytes(swap.bytes_moved)} moved per step", title_justify="left")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from graphmem.runtime.verify import VerifyResult
 from graphmem.units import format_bytes
+
+if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
+    from rich.console import Console
 
 
 def verify_document(r: VerifyResult) -> dict:
@@ -25,6 +27,8 @@ def verify_document(r: VerifyResult) -> dict:
 
 
 def render_verify(r: VerifyResult, console: Console) -> None:
+    from rich.table import Table
+
     warmup = r.original.warmup
     title = f"{len(r.original.steps)} training steps, inter-op threads {r.inter_op_threads}"
     if warmup:
