@@ -43,6 +43,7 @@ shared machine: run it on an otherwise idle one, or compare CPU seconds.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -543,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="graphmem_scale_"))
     runs: list[Run] = []
     graphs: list[dict] = []
+    # graphmem's modules byte-compiled, as `pip install` leaves them (TensorFlow's are):
+    # an edited checkout run with PYTHONDONTWRITEBYTECODE would compile them in every
+    # timed process otherwise
+    compileall.compile_dir(str(ROOT / "graphmem"), quiet=1)
     try:
         tf: dict = {"error": "skipped"}
         if args.tf_runs > 0:
