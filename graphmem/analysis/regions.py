@@ -34,6 +34,12 @@ def is_state_write(op: str) -> bool:
     return op.startswith(_WRITE_PREFIXES)
 
 
+def _state_writes(ops: list[str], nodes) -> list[int]:
+    """The ops of `nodes` that write state, each op type tested once."""
+    writing = {op for op in {ops[i] for i in nodes} if is_state_write(op)}
+    return [i for i in nodes if ops[i] in writing] if writing else []
+
+
 _PARAMETER_OPS = VARIABLE_OPS | {"ReadVariableOp", "Const", "HostConst"}
 _PARAMETER_OPS_OR_IDENTITY = _PARAMETER_OPS | {"Identity"}
 
@@ -137,7 +143,7 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
                          "is this a training graph? (name the scope with --backward-scope)")
     downstream = index.descendants(seeds, data_only=True)  # the seeds among them
     ops = index.ops
-    writes = [i for i in downstream if is_state_write(ops[i])]
+    writes = _state_writes(ops, downstream)
     # closed under descendants, as `downstream` is: every descendant of a backward op is
     # backward or optimizer, and of an optimizer op, optimizer
     optimizer = index.descendants(writes, data_only=False)
@@ -163,7 +169,7 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
         fed_by_forward |= index.descendants(more_acts, data_only=True, stop=backward)
     # writes fed by the forward pass outside the optimizer: batch-norm moving averages
     fed = fed_by_forward - forward - backward - optimizer
-    writes_fed = [i for i in fed if is_state_write(ops[i])]
+    writes_fed = _state_writes(ops, fed)
     # every op on a path from a `fed` op to one of these writes is in `fed` too (a forward
     # op on it would make the path's start forward, a backward or optimizer op its end), so
     # the walk up need not pass forward ops
@@ -191,7 +197,9 @@ def _backward_seeds(index: GraphIndex, backward_scopes, in_scope) -> list[int]:
         scoped = [i for i, name in enumerate(index.names)
                   if "gradient" in name
                   and (name.startswith(_DEFAULT_PREFIXES) or search(name) is not None)]
-    accumulators = {i for i in scoped if _forward_loop_accumulator(index, i, in_scope)}
+    ops = index.ops
+    accumulators = {i for i in scoped if ops[i] in _ACCUMULATOR_OPS
+                    and _forward_loop_accumulator(index, i, in_scope)}
     if not accumulators:
         return scoped
     only_for_them = {i for i in scoped if index.data_consumers(i)
