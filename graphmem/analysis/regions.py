@@ -19,12 +19,12 @@ from graphmem.graph.index import (
     VARIABLE_OPS,
     GraphIndex,
     Tensor,
-    nbytes,
 )
 
 DEFAULT_BACKWARD_SCOPES = (r"(^|/)gradients(_\d+)?/", r"(^|/)gradient_tape/")
 # both defaults in one regex (one search per name; neither has a backreference or a flag)
 _DEFAULT_SCOPES = re.compile("|".join(f"(?:{p})" for p in DEFAULT_BACKWARD_SCOPES))
+_DEFAULT_PREFIXES = ("gradients/", "gradient_tape/")  # names these start with match them
 _WRITE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply", "Assign",
                    "ResourceScatter", "Scatter", "ResourceStridedSliceAssign",
                    "StridedSliceAssign")
@@ -34,13 +34,32 @@ def is_state_write(op: str) -> bool:
     return op.startswith(_WRITE_PREFIXES)
 
 
+def _state_writes(ops: list[str], nodes) -> list[int]:
+    """The ops of `nodes` that write state, each op type tested once."""
+    writing = {op for op in {ops[i] for i in nodes} if is_state_write(op)}
+    return [i for i in nodes if ops[i] in writing] if writing else []
+
+
+_PARAMETER_OPS = VARIABLE_OPS | {"ReadVariableOp", "Const", "HostConst"}
+_PARAMETER_OPS_OR_IDENTITY = _PARAMETER_OPS | {"Identity"}
+
+
 def is_parameter_read(index: GraphIndex, i: int) -> bool:
     """Variables, their reads and constants: persistent memory, not activations."""
     op = index.ops[i]
-    if op in VARIABLE_OPS or op in ("ReadVariableOp", "Const", "HostConst"):
+    if op in _PARAMETER_OPS:
         return True
     ins = index.data_inputs[i]
     return op == "Identity" and len(ins) == 1 and index.ops[ins[0][0]] in VARIABLE_OPS
+
+
+def parameter_reads(index: GraphIndex) -> set[int]:
+    """Every op `is_parameter_read` holds for, found in one scan of the ops (the Identity
+    reads of a variable among them) rather than one call per op."""
+    ops, data_inputs = index.ops, index.data_inputs
+    found = [i for i, op in enumerate(ops) if op in _PARAMETER_OPS_OR_IDENTITY]
+    return {i for i in found if ops[i] != "Identity"
+            or (len(data_inputs[i]) == 1 and ops[data_inputs[i][0][0]] in VARIABLE_OPS)}
 
 
 @dataclass
@@ -113,47 +132,74 @@ def scope_matcher(scopes: tuple[str, ...] | list[str] | None):
 
 def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | None = None,
                     loss_names: list[str] | None = None) -> Regions:
+    """The walks below stop where the rest of the graph is known to add nothing to what is
+    kept of their result (each such `stop` says why); the regions are those of the full
+    walks."""
     n = len(index)
     in_scope = scope_matcher(backward_scopes)
-    seeds = _backward_seeds(index, in_scope)
+    seeds = _backward_seeds(index, backward_scopes, in_scope)
     if not seeds:
         raise InputError("found no backward ops (no gradients/ or gradient_tape/ scope); "
                          "is this a training graph? (name the scope with --backward-scope)")
-    downstream = index.descendants(seeds, data_only=True)
-    writes = [i for i in downstream if is_state_write(index.ops[i])]
-    after_writes = index.descendants(writes, data_only=False)
-    backward = (set(seeds) | downstream) - after_writes
-    optimizer = after_writes - backward
-    forward = index.ancestors(backward, data_only=True) - backward - optimizer
-    activations = [i for i in forward if not is_parameter_read(index, i)]
-    fed_by_forward = index.descendants(activations, data_only=True)
+    downstream = index.descendants(seeds, data_only=True)  # the seeds among them
+    ops = index.ops
+    writes = _state_writes(ops, downstream)
+    # closed under descendants, as `downstream` is: every descendant of a backward op is
+    # backward or optimizer, and of an optimizer op, optimizer
+    optimizer = index.descendants(writes, data_only=False)
+    backward = downstream - optimizer
+    forward = index.ancestors(backward, data_only=True)
+    forward -= backward
+    forward -= optimizer
+    params = parameter_reads(index)
+    activations = [i for i in forward if i not in params]
+    # descendants of backward ops are backward or optimizer, which every use of
+    # fed_by_forward leaves out: stop at them
+    fed_by_forward = index.descendants(activations, data_only=True, stop=backward)
     loss = _find_loss(index, forward, backward, optimizer, loss_names, fed_by_forward)
-    more = index.ancestors([t[0] for t in loss], data_only=True) - backward - optimizer - forward
+    # ancestors of forward ops are ancestors of the backward region, which are already
+    # forward, backward or optimizer: stop at them
+    more = index.ancestors([t[0] for t in loss], data_only=True, stop=forward)
+    more -= backward
+    more -= optimizer
+    more -= forward
     forward |= more
     if more:  # the loss's own branch joins the forward pass: walk again from it
-        more_acts = [i for i in more if not is_parameter_read(index, i)]
-        fed_by_forward |= index.descendants(more_acts, data_only=True)
+        more_acts = [i for i in more if i not in params]
+        fed_by_forward |= index.descendants(more_acts, data_only=True, stop=backward)
     # writes fed by the forward pass outside the optimizer: batch-norm moving averages
     fed = fed_by_forward - forward - backward - optimizer
-    writes_fed = [i for i in fed if is_state_write(index.ops[i])]
-    state_updates = index.ancestors(writes_fed, data_only=True) & fed
+    writes_fed = _state_writes(ops, fed)
+    # every op on a path from a `fed` op to one of these writes is in `fed` too (a forward
+    # op on it would make the path's start forward, a backward or optimizer op its end), so
+    # the walk up need not pass forward ops
+    state_updates = index.ancestors(writes_fed, data_only=True, stop=forward) & fed
     forward -= state_updates
-    other = set(range(n)) - forward - backward - optimizer - state_updates
+    other = set(range(n)).difference(forward, backward, optimizer, state_updates)
     regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
-    regions.saved = saved_activations(index, regions, batch_size)
+    regions.saved = saved_activations(index, regions, batch_size, params)
     return regions
 
 
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})
 
 
-def _backward_seeds(index: GraphIndex, in_scope) -> list[int]:
+def _backward_seeds(index: GraphIndex, backward_scopes, in_scope) -> list[int]:
     """The ops of the gradient scopes, less the accumulators that the gradient made for the
     forward v2 loops (empty tensor lists the forward loop pushes its per-step values into,
     and the constants only they read). Those compute nothing on gradients; as seeds they
     would make each forward loop, and every forward op after it, backward."""
-    scoped = [i for i, name in enumerate(index.names) if in_scope(name)]
-    accumulators = {i for i in scoped if _forward_loop_accumulator(index, i, in_scope)}
+    if backward_scopes:
+        scoped = [i for i, name in enumerate(index.names) if in_scope(name)]
+    else:  # scope_matcher's default test, inline (no call per name); a name that starts
+        # with a default scope matches without the regex
+        search = _DEFAULT_SCOPES.search
+        scoped = [i for i, name in enumerate(index.names)
+                  if "gradient" in name
+                  and (name.startswith(_DEFAULT_PREFIXES) or search(name) is not None)]
+    ops = index.ops
+    accumulators = {i for i in scoped if ops[i] in _ACCUMULATOR_OPS
+                    and _forward_loop_accumulator(index, i, in_scope)}
     if not accumulators:
         return scoped
     only_for_them = {i for i in scoped if index.data_consumers(i)
@@ -169,17 +215,26 @@ def _forward_loop_accumulator(index: GraphIndex, i: int, in_scope) -> bool:
                                  for r in readers)
 
 
-def saved_activations(index: GraphIndex, regions: Regions,
-                      batch_size: int | None) -> list[SavedActivation]:
+def saved_activations(index: GraphIndex, regions: Regions, batch_size: int | None,
+                      params: set[int] | None = None) -> list[SavedActivation]:
+    """In topological order. Only the forward ops that a backward op reads are looked at:
+    found from the backward region's inputs, far fewer than the ops of the graph.
+    `params`: `parameter_reads(index)`, when the caller has it."""
+    if params is None:
+        params = parameter_reads(index)
     out = []
     backward, forward = regions.backward, regions.forward
     consumers, ops, num_outputs = index.consumers, index.ops, index.num_outputs
-    for i in index.topo:
-        if i not in forward or is_parameter_read(index, i):
-            continue
+    data_inputs, data_consumers = index.data_inputs, index.data_consumers
+    sizes = index.output_bytes(batch_size)  # the estimate asks for them too: one cache
+    read = {s for c in backward if ops[c] not in SHAPE_ONLY_OPS for s, _ in data_inputs[c]}
+    read &= forward
+    read -= params
+    for i in sorted(read, key=index.position.__getitem__):
         for k in range(num_outputs[i]):
             readers = None
-            for c in consumers.get((i, k), ()):
+            # one output: its readers are the op's (same order), without a tuple look-up
+            for c in data_consumers(i) if num_outputs[i] == 1 else consumers.get((i, k), ()):
                 if c in backward and ops[c] not in SHAPE_ONLY_OPS:
                     if readers is None:
                         readers = [c]
@@ -187,14 +242,15 @@ def saved_activations(index: GraphIndex, regions: Regions,
                         readers.append(c)
             if readers is None:
                 continue
-            shape, dtype = index.shape((i, k)), index.dtype((i, k))
-            out.append(SavedActivation((i, k), index.tensor_name((i, k)), shape, dtype,
-                                       nbytes(shape, dtype, batch_size), readers))
+            t = (i, k)
+            out.append(SavedActivation(t, index.tensor_name(t), index.shape(t), index.dtype(t),
+                                       sizes(i)[k], readers))
     return out
 
 
 _SINK_READERS = frozenset({"_Retval", "ScalarSummary", "HistogramSummary", "Identity",
                            "NoOp"}) | SHAPE_ONLY_OPS
+_NOT_LOSS_OPS = VARIABLE_OPS | (_SINK_READERS - {"Identity"})
 
 
 def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
@@ -211,21 +267,22 @@ def _find_loss(index: GraphIndex, forward: set[int], backward: set[int],
     """
     after = fed_by_forward - backward - optimizer
     strict, relaxed = [], []
-    for i in index.topo:
-        if i not in after or not index.data_inputs[i]:
-            continue
-        if index.ops[i] in VARIABLE_OPS or (index.ops[i] in _SINK_READERS
-                                             and index.ops[i] != "Identity"):
-            continue
-        # the readers first: most ops have a forward reader, and shapes cost a parse
-        readers = index.consumers.get((i, 0), ())
-        if any(r in forward for r in readers):
-            continue
-        sinks_only = all(index.ops[r] in _SINK_READERS for r in readers)
+    ops, data_inputs, consumers = index.ops, index.data_inputs, index.consumers
+    # the readers first: most ops have a forward reader, and shapes cost a parse. Those
+    # are found from the forward ops' inputs (one look-up of an op's readers costs more);
+    # the few left are taken in topological order
+    read_by_forward = {s for f in forward for s, k in data_inputs[f] if not k}
+    candidates = [i for i in after if i not in read_by_forward and data_inputs[i]
+                  and ops[i] not in _NOT_LOSS_OPS]
+    for i in sorted(candidates, key=index.position.__getitem__):
+        readers = consumers.get((i, 0), ())
+        sinks_only = all(ops[r] in _SINK_READERS for r in readers)
         if not sinks_only and any(r in backward for r in readers):
             continue
         if index.shape((i, 0)) == [] and index.dtype((i, 0)) in _FLOAT_TYPES:
             (strict if sinks_only else relaxed).append((i, 0))
+    if len(strict) == 1:
+        return strict  # the only one, whichever gradient names it
     if strict:
         graded = _gradient_targets(index, backward)
         return ([t for t in strict if index.names[t[0]] in graded] or strict)[-1:]

@@ -380,7 +380,8 @@ class GraphIndex:
         return [(i, k) for k in range(self.num_outputs[i])]
 
     def data_consumers(self, i: int) -> list[int]:
-        """Readers of any output of node i (a reader of two outputs appears twice)."""
+        """Readers of any output of node i (a reader of two outputs appears twice): those
+        of output 0 first, then of output 1, ..., each in the order of `consumers`."""
         return self._successors()[i]
 
     def _successors(self) -> list[list[int]]:
@@ -398,10 +399,12 @@ class GraphIndex:
             self._data_succ = succ
         return self._data_succ
 
-    def ancestors(self, seeds, data_only: bool = False) -> set[int]:
-        """The seeds and every op they depend on (through data, and control unless data_only)."""
+    def ancestors(self, seeds, data_only: bool = False, stop=()) -> set[int]:
+        """The seeds and every op they depend on (through data, and control unless
+        data_only). Ops in `stop` are reached (and returned) but not walked past: for a
+        caller that knows what lies beyond them."""
         seen = set(seeds)
-        stack = list(seen)
+        stack = [i for i in seen if i not in stop] if stop else list(seen)
         data_inputs, control_inputs = self.data_inputs, self.control_inputs
         add, push, pop = seen.add, stack.append, stack.pop
         while stack:
@@ -409,18 +412,20 @@ class GraphIndex:
             for j, _ in data_inputs[i]:
                 if j not in seen:
                     add(j)
-                    push(j)
+                    if j not in stop:
+                        push(j)
             if not data_only:
                 for j in control_inputs[i]:
                     if j not in seen:
                         add(j)
-                        push(j)
+                        if j not in stop:
+                            push(j)
         return seen
 
-    def descendants(self, seeds, data_only: bool = False) -> set[int]:
-        """The seeds and every op that depends on them."""
+    def descendants(self, seeds, data_only: bool = False, stop=()) -> set[int]:
+        """The seeds and every op that depends on them (`stop`: as for `ancestors`)."""
         seen = set(seeds)
-        stack = list(seen)
+        stack = [i for i in seen if i not in stop] if stop else list(seen)
         data_succ, control_consumers = self._successors(), self.control_consumers
         add, push, pop = seen.add, stack.append, stack.pop
         while stack:
@@ -428,12 +433,14 @@ class GraphIndex:
             for j in data_succ[i]:
                 if j not in seen:
                     add(j)
-                    push(j)
+                    if j not in stop:
+                        push(j)
             if not data_only:
                 for j in control_consumers[i]:
                     if j not in seen:
                         add(j)
-                        push(j)
+                        if j not in stop:
+                            push(j)
         return seen
 
     def is_control_flow(self, i: int) -> bool:

@@ -32,40 +32,43 @@ class Reachability:
                  ) -> None:
         self.index = index
         n = len(index)
-        succ: list[list[int]] = [[] for _ in range(n)]
-        preds: list[list[int]] = []
         ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
-        merges = "Merge" in ops or "RefMerge" in ops  # loop back edges to leave out
-        add_pred = preds.append
-        for i, data in enumerate(data_inputs):
-            if merges and ops[i] in ("Merge", "RefMerge"):
-                p = [s for s, _ in data if ops[s] not in _BACK_EDGE_SOURCES]
-            else:
-                p = [t[0] for t in data]
-            p += control_inputs[i]
-            add_pred(p)
+        pairs = zip(data_inputs, control_inputs, strict=True)
+        preds = [[t[0] for t in data] + ctrl for data, ctrl in pairs]
+        if "Merge" in ops or "RefMerge" in ops:  # leave out the loops' back edges
+            for i in [i for i, op in enumerate(ops) if op in ("Merge", "RefMerge")]:
+                preds[i] = [s for s, _ in data_inputs[i]
+                            if ops[s] not in _BACK_EDGE_SOURCES] + control_inputs[i]
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for i, p in enumerate(preds):  # each op's successors in increasing id order
             for s in p:
                 succ[s].append(i)
         self.succ = succ
         self.preds = preds
         self.allowance = 20 * n + 100_000
-        bits = {m: 1 << b for b, m in enumerate(list(dict.fromkeys(landmarks))[:MAX_LANDMARKS])}
+        marks = list(dict.fromkeys(landmarks))[:MAX_LANDMARKS]
         # per op, a bitmask: which landmarks it reaches, and which reach it (one sweep each
-        # way in topological order; back edges are absent from succ and preds)
-        self.to_landmark = bytearray(n)
-        self.from_landmark = bytearray(n)
-        to_mark, from_mark = self.to_landmark, self.from_landmark
-        for i in reversed(index.topo):
-            m = bits.get(i, 0)
-            for j in succ[i]:
-                m |= to_mark[j]
-            to_mark[i] = m
-        for i in index.topo:
-            m = bits.get(i, 0)
-            for j in self.preds[i]:
-                m |= from_mark[j]
-            from_mark[i] = m
-        self.labels = [_intervals(succ, index.topo, flip=bool(t % 2)) for t in range(traversals)]
+        # way in topological order, each op handing its final mask on to its neighbours;
+        # back edges are absent from succ and preds). Ops placed after every landmark reach
+        # none, and ops placed before all of them are reached by none: the sweeps start at
+        # the landmarks, and skip the ops with an empty mask
+        self.to_landmark = to_mark = bytearray(n)
+        self.from_landmark = from_mark = bytearray(n)
+        for b, m in enumerate(marks):
+            to_mark[m] = from_mark[m] = 1 << b
+        topo, position = index.topo, index.position
+        if marks:
+            for i in reversed(topo[:max(position[m] for m in marks) + 1]):
+                m = to_mark[i]
+                if m:
+                    for j in preds[i]:
+                        to_mark[j] |= m
+            for i in topo[min(position[m] for m in marks):]:
+                m = from_mark[i]
+                if m:
+                    for j in succ[i]:
+                        from_mark[j] |= m
+        self.labels = [_intervals(succ, topo, flip=bool(t % 2)) for t in range(traversals)]
 
     def may_reach(self, u: int, v: int) -> bool:
         """False only when no path u -> v exists (the interval test)."""
@@ -84,8 +87,9 @@ class Reachability:
         to the end of the graph."""
         if u == v:
             return True
-        if not self.may_reach(u, v):
-            return False
+        for low, rank in self.labels:  # may_reach, inline: asked of every pair
+            if not (low[u] <= low[v] and rank[v] <= rank[u]):
+                return False
         if self.to_landmark[u] & self.from_landmark[v]:
             return True  # u -> landmark -> v
         if self.allowance <= 0:
@@ -115,33 +119,35 @@ class Reachability:
 def _intervals(succ: list[list[int]], topo: list[int], flip: bool) -> tuple[list[int], list[int]]:
     """One depth-first traversal: post-order rank of each op, and the lowest rank among
     everything reachable from it. Roots are taken in topological order (or reversed), and
-    children in list order (or reversed), so two traversals differ."""
+    children in list order (or reversed), so two traversals differ.
+
+    The stack holds ops to enter and, as ~op, ops to finish: entering an op pushes its
+    finish, then all its children (the first to be entered on top). A child found entered
+    when it comes up is skipped, so ops are entered in the order of the recursive search,
+    and the graph being acyclic, every child is finished before its parent."""
     n = len(succ)
-    rank = [-1] * n
+    rank = [-1] * n  # -2: entered, not finished
     low = [0] * n
     counter = 0
-    roots = reversed(topo) if flip else topo
-    for root in roots:
-        if rank[root] >= 0:
+    stack: list[int] = []
+    push, pop, extend = stack.append, stack.pop, stack.extend
+    for root in reversed(topo) if flip else topo:
+        if rank[root] != -1:
             continue
-        rank[root] = -2  # on the stack
-        stack = [(root, 0)]
+        push(root)
         while stack:
-            i, k = stack[-1]
-            children = succ[i]
-            if k < len(children):
-                stack[-1] = (i, k + 1)
-                j = children[len(children) - 1 - k] if flip else children[k]
-                if rank[j] == -1:
-                    rank[j] = -2
-                    stack.append((j, 0))
-                continue
-            stack.pop()
-            lowest = counter
-            for j in children:
-                if low[j] < lowest:
-                    lowest = low[j]
-            rank[i] = counter
-            low[i] = lowest
-            counter += 1
+            i = pop()
+            if i < 0:
+                i = ~i
+                lowest = counter
+                for j in succ[i]:
+                    if low[j] < lowest:
+                        lowest = low[j]
+                rank[i] = counter
+                low[i] = lowest
+                counter += 1
+            elif rank[i] == -1:
+                rank[i] = -2
+                push(~i)
+                extend(succ[i] if flip else reversed(succ[i]))
     return low, rank
