@@ -130,12 +130,13 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         return run_in(order if order is not None else index.topo)
     # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
     # its peak is the highest. On two cores forked children simulate the others
+    # (the executor's orders hold only `nodes`: no need to filter them again)
     (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
-    aside = [(phase, order, Background(partial(run_in, order), len(index)))
+    aside = [(phase, order, Background(partial(run_in, order, True), len(index)))
              for phase, order in others]
-    best = run_in(first_order)
+    best = run_in(first_order, True)
     for phase, order, job in aside:
-        est = job.result() or run_in(order)
+        est = job.result() or run_in(order, True)
         if est.peak_bytes > best.peak_bytes:
             est.phase, best = phase, est
     return best
@@ -158,15 +159,18 @@ class _Simulation:
     variables: list[tuple[int, int]]
     nodes: set[int] | None
 
-    def __call__(self, order: list[int]) -> MemoryEstimate:
+    def __call__(self, order: list[int], of_nodes: bool = False) -> MemoryEstimate:
+        """The estimate in `order`, less ops not in `nodes` (unless `of_nodes`: it has
+        none)."""
         index, loops, variables = self.index, self.loops, self.variables
-        if self.nodes is not None:
+        if self.nodes is not None and not of_nodes:
             order = [i for i in order if i in self.nodes]
+        devices = index.devices
+        normal = {d: normalize_device(d) for d in {devices[i] for i, _ in variables}}
         run = _simulate(index, order, self.batch_size, self.host, self.keep_timeline,
                         track_lives=bool(self.top), loops=loops, scratch=self.scratch,
                         allocator=self.allocator, forwards=self.forwards,
-                        persistent=[(normalize_device(index.devices[i]), b)
-                                    for i, b in variables])
+                        persistent=[(normal[devices[i]], b) for i, b in variables])
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
             at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
@@ -651,6 +655,8 @@ _FLIP = bytes.maketrans(b"\0\1", b"\1\0")
 def _frame_ends(order: list[int], frame: list[str]) -> dict[str, int]:
     """The position of the last op of each v1 loop frame (none for graphs without)."""
     last: dict[str, int] = {}
+    if not any(frame):  # at C speed: most graphs have no v1 loops
+        return last
     for p, i in enumerate(order):
         f = frame[i]
         if f:

@@ -142,6 +142,7 @@ class _StepGraph:
         self.sources = sources
         # a function body (a TF2 train step): its sources start together
         self.function_body = any(ops[i] == "_Arg" for i in self.sources)
+        self.has_loops = any(index.frame)  # v1 loops (asked once, not per walk)
 
     def walk(self, warm_up: bool = False, fifo: bool = False) -> list[int]:
         index, member, succ, transparent = self.index, self.member, self.succ, self.transparent
@@ -155,7 +156,7 @@ class _StepGraph:
             tasks.extend(self.sources)
         take = tasks.popleft if fifo else tasks.pop
         order: list[int] = []
-        loops = _LoopExits(index, member)
+        loops = _LoopExits(index, member, self.has_loops)
         looping = loops.active  # v1 loops: Exits wait for their body
 
         while True:
@@ -224,13 +225,14 @@ class _LoopExits:
     loop, whose pops then come before the pushes) while the body is still to come.
     Per frame, one counter of ops still to run: linear in the graph."""
 
-    def __init__(self, index: GraphIndex, member: bytearray) -> None:
+    def __init__(self, index: GraphIndex, member: bytearray, active: bool) -> None:
+        """`active`: whether the graph has v1 loop frames at all."""
         self.frame = index.frame
         self.remaining: dict[str, int] = {}
         self.parked: dict[str, list[int]] = {}
         self.body_frame: dict[int, str] = {}
         ops, data_inputs = index.ops, index.data_inputs
-        self.active = any(self.frame)
+        self.active = active
         if not self.active:
             return
         for i, f in enumerate(self.frame):
