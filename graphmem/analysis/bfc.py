@@ -54,7 +54,7 @@ class BFCAllocator:
         self.region_bytes = INITIAL_REGION
         self._next_base = 0
         self._size: dict[int, int] = {}  # chunk address -> size (every chunk)
-        self._used: set[int] = set()
+        self._free: dict[int, int] = {}  # chunk address -> size (the free chunks)
         self._before: dict[int, int] = {}  # chunk address -> the chunk just below it
         # per bin, its free chunks as `size << 64 | address`, sorted
         self._bins: list[list[int]] = [[] for _ in range(NUM_BINS)]
@@ -64,41 +64,78 @@ class BFCAllocator:
         self.regions = 0
 
     def allocate(self, nbytes: int) -> int:
+        """The smallest free chunk of at least the rounded request (lowest address among
+        equal sizes), split when much larger (the rest is binned as a free chunk); when
+        none fits, a new region, and the search again."""
         need = (nbytes + MIN_ALLOCATION - 1) & -MIN_ALLOCATION  # rounded_bytes, inline
         if need < MIN_ALLOCATION:
             need = MIN_ALLOCATION
-        addr = self._take(need)
-        if addr is None:
+        first = (need >> 8).bit_length() - 1  # _bin, inline
+        if first >= NUM_BINS:
+            first = NUM_BINS - 1
+        least = need << _ADDRESS_BITS  # sorts before any chunk of `need` bytes or more
+        bins = self._bins
+        while True:
+            b = first
+            nonempty = self._nonempty >> b
+            while nonempty:
+                skip = (nonempty & -nonempty).bit_length() - 1  # to the next bin holding chunks
+                nonempty >>= skip
+                b += skip
+                chunks = bins[b]
+                k = bisect_left(chunks, least)
+                if k < len(chunks):
+                    key = chunks.pop(k)
+                    if not chunks:
+                        self._nonempty &= ~(1 << b)
+                    size, addr = key >> _ADDRESS_BITS, key & _ADDRESS_MASK
+                    del self._free[addr]
+                    if size >= 2 * need or size - need >= MAX_INTERNAL_FRAGMENTATION:
+                        rest, rest_size = addr + need, size - need
+                        sizes = self._size
+                        sizes[addr] = need
+                        sizes[rest] = self._free[rest] = rest_size
+                        self._before[rest] = addr
+                        if rest + rest_size in sizes:
+                            self._before[rest + rest_size] = rest
+                        r = (rest_size >> 8).bit_length() - 1  # bin the rest (_bin_chunk)
+                        if r >= NUM_BINS:
+                            r = NUM_BINS - 1
+                        insort(bins[r], rest_size << _ADDRESS_BITS | rest)
+                        self._nonempty |= 1 << r
+                        size = need
+                    in_use = self.in_use = self.in_use + size
+                    if in_use > self.peak:
+                        self.peak = in_use
+                    return addr
+                nonempty >>= 1
+                b += 1
             self._extend(need)
-            addr = self._take(need)
-        self._used.add(addr)
-        in_use = self.in_use = self.in_use + self._size[addr]
-        if in_use > self.peak:
-            self.peak = in_use
-        return addr
 
     def free(self, addr: int) -> None:
-        used, sizes, before = self._used, self._size, self._before
-        used.remove(addr)
+        sizes, free, before = self._size, self._free, self._before
+        if addr in free:
+            raise KeyError(addr)  # freed twice
         size = sizes[addr]
         self.in_use -= size
         above = addr + size
-        above_size = sizes.get(above)
-        if above_size is not None and above not in used:  # merge the free chunk above
+        above_size = free.get(above)
+        if above_size is not None:  # merge the free chunk above
             self._unbin(above, above_size)
-            del sizes[above], before[above]
+            del sizes[above], before[above], free[above]
             size += above_size
             if addr + size in sizes:
                 before[addr + size] = addr
         below = before.get(addr)
-        if below is not None and below not in used:  # merge into the free chunk below
-            below_size = sizes[below]
-            self._unbin(below, below_size)
-            del sizes[addr], before[addr]
-            addr, size = below, below_size + size
-            if addr + size in sizes:
-                before[addr + size] = addr
-        sizes[addr] = size
+        if below is not None:
+            below_size = free.get(below)
+            if below_size is not None:  # merge into the free chunk below
+                self._unbin(below, below_size)
+                del sizes[addr], before[addr]
+                addr, size = below, below_size + size
+                if addr + size in sizes:
+                    before[addr + size] = addr
+        sizes[addr] = free[addr] = size
         b = (size >> 8).bit_length() - 1  # bin the chunk (_bin_chunk, inline)
         if b >= NUM_BINS:
             b = NUM_BINS - 1
@@ -109,43 +146,6 @@ class BFCAllocator:
         return self._size[addr]
 
     # ---- internals ------------------------------------------------------------------
-    def _take(self, need: int) -> int | None:
-        """The smallest free chunk of at least `need` bytes (lowest address among equal
-        sizes), split when much larger (the rest is binned as a free chunk)."""
-        b = (need >> 8).bit_length() - 1  # _bin, inline
-        if b >= NUM_BINS:
-            b = NUM_BINS - 1
-        nonempty = self._nonempty >> b
-        bins = self._bins
-        while nonempty:
-            skip = (nonempty & -nonempty).bit_length() - 1  # to the next bin holding chunks
-            nonempty >>= skip
-            b += skip
-            chunks = bins[b]
-            k = bisect_left(chunks, need << _ADDRESS_BITS)  # any address, size >= need
-            if k < len(chunks):
-                key = chunks.pop(k)
-                if not chunks:
-                    self._nonempty &= ~(1 << b)
-                size, addr = key >> _ADDRESS_BITS, key & _ADDRESS_MASK
-                if size >= 2 * need or size - need >= MAX_INTERNAL_FRAGMENTATION:
-                    rest, rest_size = addr + need, size - need
-                    sizes = self._size
-                    sizes[addr] = need
-                    sizes[rest] = rest_size
-                    self._before[rest] = addr
-                    if rest + rest_size in sizes:
-                        self._before[rest + rest_size] = rest
-                    r = (rest_size >> 8).bit_length() - 1  # bin the rest (_bin_chunk)
-                    if r >= NUM_BINS:
-                        r = NUM_BINS - 1
-                    insort(bins[r], rest_size << _ADDRESS_BITS | rest)
-                    self._nonempty |= 1 << r
-                return addr
-            nonempty >>= 1
-            b += 1
-        return None
-
     def _extend(self, need: int) -> None:
         grew = False
         while need > self.region_bytes:
@@ -153,7 +153,7 @@ class BFCAllocator:
             grew = True
         addr = self._next_base
         self._next_base += self.region_bytes + _REGION_GAP
-        self._size[addr] = self.region_bytes
+        self._size[addr] = self._free[addr] = self.region_bytes
         self._bin_chunk(addr, self.region_bytes)
         self.regions += 1
         if not grew:
@@ -167,7 +167,9 @@ class BFCAllocator:
         self._nonempty |= 1 << b
 
     def _unbin(self, addr: int, size: int) -> None:
-        b = _bin(size)
+        b = (size >> 8).bit_length() - 1  # _bin, inline
+        if b >= NUM_BINS:
+            b = NUM_BINS - 1
         chunks = self._bins[b]
         del chunks[bisect_left(chunks, size << _ADDRESS_BITS | addr)]
         if not chunks:

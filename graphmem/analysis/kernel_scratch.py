@@ -92,8 +92,8 @@ def scratch_model(index: GraphIndex, batch_size: int | None,
 
     def scratch(i: int) -> int:
         op = ops[i]
-        if on and index.dtype((i, 0)) != dtypes.HALF:
-            return 0  # oneDNN's kernel
+        if not has_scratch(op) or (on and index.dtype((i, 0)) != dtypes.HALF):
+            return 0  # a kernel without scratch, or oneDNN's
         if op.startswith("Conv2DBackprop"):
             return _conv2d_backprop(index, i, op, batch_size)
         if op == "MaxPoolGrad":
@@ -102,6 +102,12 @@ def scratch_model(index: GraphIndex, batch_size: int | None,
         return 0
 
     return scratch
+
+
+def has_scratch(op: str) -> bool:
+    """Whether kernels of op type `op` may allocate scratch (scratch_model is 0 for the
+    others: callers asking per op can skip it by type)."""
+    return op.startswith("Conv2DBackprop") or op == "MaxPoolGrad"
 
 
 def _conv2d_backprop(index: GraphIndex, i: int, op: str, batch_size: int | None) -> int:

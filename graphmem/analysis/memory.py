@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress
 
 from google.protobuf.message import Message
 
 from graphmem.analysis.bfc import BFCAllocator
 from graphmem.analysis.broadcast_grads import forwarding_reductions
-from graphmem.analysis.kernel_scratch import scratch_model
+from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
 from graphmem.analysis.loops import (
     ELEMENT_VIEW_OUTPUT,
     Loop,
@@ -129,12 +130,13 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         return run_in(order if order is not None else index.topo)
     # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
     # its peak is the highest. On two cores forked children simulate the others
+    # (the executor's orders hold only `nodes`: no need to filter them again)
     (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
-    aside = [(phase, order, Background(partial(run_in, order), len(index)))
+    aside = [(phase, order, Background(partial(run_in, order, True), len(index)))
              for phase, order in others]
-    best = run_in(first_order)
+    best = run_in(first_order, True)
     for phase, order, job in aside:
-        est = job.result() or run_in(order)
+        est = job.result() or run_in(order, True)
         if est.peak_bytes > best.peak_bytes:
             est.phase, best = phase, est
     return best
@@ -157,15 +159,18 @@ class _Simulation:
     variables: list[tuple[int, int]]
     nodes: set[int] | None
 
-    def __call__(self, order: list[int]) -> MemoryEstimate:
+    def __call__(self, order: list[int], of_nodes: bool = False) -> MemoryEstimate:
+        """The estimate in `order`, less ops not in `nodes` (unless `of_nodes`: it has
+        none)."""
         index, loops, variables = self.index, self.loops, self.variables
-        if self.nodes is not None:
+        if self.nodes is not None and not of_nodes:
             order = [i for i in order if i in self.nodes]
+        devices = index.devices
+        normal = {d: normalize_device(d) for d in {devices[i] for i, _ in variables}}
         run = _simulate(index, order, self.batch_size, self.host, self.keep_timeline,
                         track_lives=bool(self.top), loops=loops, scratch=self.scratch,
                         allocator=self.allocator, forwards=self.forwards,
-                        persistent=[(normalize_device(index.devices[i]), b)
-                                    for i, b in variables])
+                        persistent=[(normal[devices[i]], b) for i, b in variables])
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
             at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
@@ -220,7 +225,7 @@ class _OpKind:
     repeats a few dozen types, and each question is a set lookup per output otherwise."""
 
     __slots__ = ("updates", "back_edge", "aliasing", "persistent", "element_view",
-                 "forwarding")
+                 "forwarding", "scratch")
 
     def __init__(self, op: str) -> None:
         self.updates = updates_variable(op)
@@ -229,6 +234,7 @@ class _OpKind:
         self.persistent = op in PERSISTENT_OPS
         self.element_view = op in ELEMENT_VIEW_OUTPUT
         self.forwarding = op in FORWARDING_OPS
+        self.scratch = has_scratch(op)  # kernel_scratch.scratch_model is 0 for the others
 
 
 def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host: str | None,
@@ -267,9 +273,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     member = bytearray(len(index))
     for i in order:
         member[i] = 1
-    normal: dict[str, str] = {}
-    device_of = [normal[d] if d in normal else normal.setdefault(d, normalize_device(d))
-                 for d in index.devices]
+    partial_inputs, read_outside = _outside_edges(index, member)
+    normal = {d: normalize_device(d) for d in set(index.devices)}
+    device_of = list(map(normal.__getitem__, index.devices))
     born: dict[Tensor, int] = {}
     pending: dict[Tensor, int] = {}  # reads still to come, per buffer
     size: dict[Tensor, int] = {}
@@ -278,18 +284,22 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     live_dev: dict[str, int] = {}
     ops, data_inputs, consumers, frame = index.ops, index.data_inputs, index.consumers, \
         index.frame
-    num_outputs = index.num_outputs
+    num_outputs, data_consumers = index.num_outputs, index.data_consumers
     sizes_of = index.output_bytes(batch_size)
     reads_of: dict[Tensor, list[Tensor]] = {}  # variable handle -> reads since its last copy
     held_by: dict[Tensor, list[Tensor]] = {}  # read -> old variable buffers it keeps
     # per op type, asked once per op rather than once per output (see _OpKind)
     kinds: dict[str, _OpKind] = {}
+    ref_outputs = _ref_outputs(index)
+    lifetimes = run.lifetimes
     peak = peak_pos = unknown = 0
     peak_dev = run.peak_dev
     for p, i in enumerate(order):
         op = ops[i]
         dev = device_of[i]
-        inputs = [t for t in data_inputs[i] if member[t[0]]]
+        inputs = data_inputs[i]
+        if partial_inputs[i]:
+            inputs = [t for t in inputs if member[t[0]]]
         kind = kinds.get(op)
         if kind is None:
             kind = kinds[op] = _OpKind(op)
@@ -312,14 +322,25 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     else:
                         live += b
         taken = _NOTHING_TAKEN  # input buffers this op's outputs took over (a set once any)
-        out_sizes = None
+        out_sizes = refs = None
         persistent_out = kind.persistent or (op == "Identity" and _reads_variable(index, i))
         popping = i in pop_source
-        for k in range(num_outputs[i]):
+        # buffers whose pending reads this op changed (its outputs', its inputs'): the
+        # ones none is left of are freed after it. Repeats are harmless (a freed buffer
+        # has no size any more), so a list, not a set
+        touched = []
+        n_out = num_outputs[i]
+        for k in range(n_out):
             t = (i, k)
-            readers = 0
-            for c in consumers.get(t, ()):
-                readers += member[c]
+            # its readers (one per input slot), from the node's own list when it has one
+            # output: faster than the dictionary by tensor
+            readers_of = data_consumers(i) if n_out == 1 else consumers.get(t, ())
+            if read_outside[i]:
+                readers = 0
+                for c in readers_of:
+                    readers += member[c]
+            else:
+                readers = len(readers_of)
             if kind.back_edge:
                 # the next iteration reads it; in the one run of the body, that is the
                 # loop's end (its Merge ran already)
@@ -329,20 +350,22 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 buf = held.pop(pop_source[i])  # the pop hands back the pushed buffer
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers - 1
+                touched.append(buf)
                 continue
-            src = None
             if kind.aliasing:
                 src = _aliased_input(op, k, inputs)
             elif k == 0 and forwards and i in forwards and inputs:
                 src = inputs[0]  # a reduction over nothing (broadcast_grads.py)
-            if src is not None and device_of[src[0]] != dev:
-                src = None  # an identity across devices is a copy: it allocates
-            if src is not None and src in buffer_of:
+            else:
+                src = None
+            # (an identity across devices is a copy: it allocates)
+            if src is not None and device_of[src[0]] == dev and src in buffer_of:
                 buf = buffer_of[src]
                 buffer_of[t] = buf
                 pending[buf] = pending.get(buf, 0) + readers
+                touched.append(buf)
                 continue
-            if t in list_bytes:
+            if list_bytes and t in list_bytes:
                 b = list_bytes[t]
             else:
                 if out_sizes is None:
@@ -353,23 +376,28 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             if b is None:
                 unknown += 1
                 b = 0
-            if persistent_out or (kind.element_view and element_view(op, k)) or \
-                    _is_ref(index, t):
-                b = 0
             elif b:
-                b = allocation_bytes(b)  # TF's BFC allocator hands out multiples of 256
-                if kind.forwarding:
-                    donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken)
-                    if donor is not None:  # TF reuses an input buffer this op reads last
-                        if taken is _NOTHING_TAKEN:
-                            taken = set()
-                        taken.add(donor)
-                        buffer_of[t] = donor
-                        pending[donor] = pending.get(donor, 0) + readers
-                        continue
+                if refs is None:
+                    refs = ref_outputs(i)
+                if persistent_out or (kind.element_view and element_view(op, k)) or \
+                        k in refs:
+                    b = 0
+                else:
+                    b = -(-b // 256) * 256  # TF's BFC allocator hands out multiples of 256
+                    if kind.forwarding:
+                        donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken)
+                        if donor is not None:  # TF reuses an input buffer this op reads last
+                            if taken is _NOTHING_TAKEN:
+                                taken = set()
+                            taken.add(donor)
+                            buffer_of[t] = donor
+                            pending[donor] = pending.get(donor, 0) + readers
+                            touched.append(donor)
+                            continue
             buffer_of[t] = t
             size[t] = b
             pending[t] = readers
+            touched.append(t)
             if b:
                 if track_lives and dev != host:
                     born[t] = p
@@ -394,7 +422,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                                         born if track_lives else None, p, device_of[push],
                                         host, live_dev, events)
         extra = body_peak.get(i, 0) if body_peak else 0  # a While's body, one iteration
-        if scratch is not None:
+        if scratch is not None and kind.scratch:
             extra += scratch(i)  # the kernel's own buffers while it runs
         if events is not None:  # the allocator model's replay counts the peaks
             if extra:
@@ -417,33 +445,30 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             if extra:
                 live -= extra
                 live_dev[dev] -= extra
-        touched = set()
         for t in inputs:  # one read per input slot
             buf = buffer_of.get(t)
             if buf is not None:
                 pending[buf] = pending.get(buf, 0) - 1
-                touched.add(buf)
-        for k in range(num_outputs[i]):
-            buf = buffer_of.get((i, k))
-            if buf is not None:
-                touched.add(buf)
+                touched.append(buf)
         if releases:
             for t in releases.pop(p, ()):
                 buf = buffer_of.get(t, t)
                 pending[buf] = pending.get(buf, 0) - 1
-                touched.add(buf)
+                touched.append(buf)
         if held_by:  # old variable buffers go with the last read that kept them
-            for buf in list(touched):
+            for buf in touched[:]:
                 if pending.get(buf, 0) <= 0 and buf in size:
                     for old in held_by.pop(buf, ()):
                         pending[old] -= 1
-                        touched.add(old)
+                        touched.append(old)
         for buf in touched:
             if pending.get(buf, 0) <= 0 and buf in size:
                 b = size.pop(buf)
                 pending.pop(buf, None)
-                if buf in born:
-                    run.lifetimes.append((buf, b, born.pop(buf), p))
+                if born:
+                    since = born.pop(buf, None)
+                    if since is not None:
+                        lifetimes.append((buf, b, since, p))
                 if b:
                     if events is not None:
                         events.append((buf, None))
@@ -608,9 +633,30 @@ def _loop_body_size(op: str, inputs: list[Tensor], buffer_of, size) -> int | Non
     return max(sizes) if sizes else None
 
 
+def _outside_edges(index: GraphIndex, member: bytearray) -> tuple[bytearray, bytearray]:
+    """Per node, whether it reads an output of an op outside the simulation (`member`
+    0), whose inputs it then skips, and whether such an op reads one of its outputs, which
+    it then does not count among the readers. Only the ops outside are walked: most ops
+    are spared both filters."""
+    n = len(index)
+    partial_inputs, read_outside = bytearray(n), bytearray(n)
+    data_inputs, data_consumers = index.data_inputs, index.data_consumers
+    for s in compress(range(n), member.translate(_FLIP)):
+        for c in data_consumers(s):
+            partial_inputs[c] = 1
+        for src, _ in data_inputs[s]:
+            read_outside[src] = 1
+    return partial_inputs, read_outside
+
+
+_FLIP = bytes.maketrans(b"\0\1", b"\1\0")
+
+
 def _frame_ends(order: list[int], frame: list[str]) -> dict[str, int]:
     """The position of the last op of each v1 loop frame (none for graphs without)."""
     last: dict[str, int] = {}
+    if not any(frame):  # at C speed: most graphs have no v1 loops
+        return last
     for p, i in enumerate(order):
         f = frame[i]
         if f:
@@ -618,11 +664,24 @@ def _frame_ends(order: list[int], frame: list[str]) -> dict[str, int]:
     return last
 
 
-def _is_ref(index: GraphIndex, t: Tensor) -> bool:
-    """A reference output (`Assign`, `ApplyMomentum` on a TF1 variable) is the variable's
-    own buffer: nothing is allocated for it."""
-    d = index.dtype(t)
-    return d is not None and dtypes.is_ref(d)
+def _ref_outputs(index: GraphIndex):
+    """A function node id -> the indices of its reference outputs (`Assign`,
+    `ApplyMomentum` on a TF1 variable): each is the variable's own buffer, nothing is
+    allocated for it. Asked per dtype list, which nodes of one signature share."""
+    out_dtypes = index.out_dtypes
+    found: dict[int, tuple] = {}  # id of a dtype list -> its reference outputs
+    keep = []  # the lists asked about, so that their ids stay theirs
+
+    def ref_outputs(i: int) -> tuple[int, ...]:
+        types = out_dtypes[i]
+        refs = found.get(id(types))
+        if refs is None:
+            keep.append(types)
+            refs = found[id(types)] = tuple(k for k, d in enumerate(types or ())
+                                            if d is not None and dtypes.is_ref(d))
+        return refs
+
+    return ref_outputs
 
 
 def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
@@ -642,12 +701,22 @@ def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Ten
     kernels take over as their output instead of allocating."""
     if op not in FORWARDING_OPS:
         return None
+    slots = len(inputs)
     for t in inputs:
         buf = buffer_of.get(t)
         if buf is None or buf in taken or size.get(buf) != nbytes_out:
             continue
-        reads_here = sum(1 for u in inputs if buffer_of.get(u) == buf)
-        if pending.get(buf, 0) == reads_here:
+        left = pending.get(buf, 0)
+        if left > slots:  # read later by another op (no need to count the reads here)
+            continue
+        if slots == 1:
+            reads_here = 1
+        else:
+            reads_here = 0
+            for u in inputs:
+                if buffer_of.get(u) == buf:
+                    reads_here += 1
+        if left == reads_here:
             return buf
     return None
 

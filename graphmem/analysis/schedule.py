@@ -40,6 +40,7 @@ pass and held every gradient until then).
 from __future__ import annotations
 
 from collections import deque
+from itertools import compress
 
 from graphmem.graph.index import GraphIndex
 
@@ -107,6 +108,7 @@ class _StepGraph:
         learned = bytearray(n)  # those and ops this small: inline once TF knows their cost
         sizes_of = index.output_bytes(batch_size)
         verdicts: dict[int, int] = {}  # id of a list of output sizes (shared) -> all small
+        sources: list[int] = []  # ops waiting for none, in topological order
         for i in index.topo:
             if not member[i]:
                 continue
@@ -122,6 +124,8 @@ class _StepGraph:
                     succ[s].append(i)
                     count += 1
             indeg[i] = count
+            if not count:
+                sources.append(i)
             if op in CHEAP_OPS:
                 inexpensive[i] = learned[i] = 1
             else:
@@ -134,9 +138,11 @@ class _StepGraph:
         self.index, self.member, self.succ, self.indeg = index, member, succ, indeg
         self.inexpensive, self.learned = inexpensive, learned
         self.transparent = _grappler_removes(index, member, bypassed)
-        self.sources = [i for i in reversed(index.topo) if member[i] and indeg[i] == 0]
+        sources.reverse()
+        self.sources = sources
         # a function body (a TF2 train step): its sources start together
         self.function_body = any(ops[i] == "_Arg" for i in self.sources)
+        self.has_loops = any(index.frame)  # v1 loops (asked once, not per walk)
 
     def walk(self, warm_up: bool = False, fifo: bool = False) -> list[int]:
         index, member, succ, transparent = self.index, self.member, self.succ, self.transparent
@@ -150,28 +156,8 @@ class _StepGraph:
             tasks.extend(self.sources)
         take = tasks.popleft if fifo else tasks.pop
         order: list[int] = []
-        loops = _LoopExits(index, member)
+        loops = _LoopExits(index, member, self.has_loops)
         looping = loops.active  # v1 loops: Exits wait for their body
-
-        def complete(i: int) -> list[int]:
-            """Ops made ready by op i, in GraphDef order (TF's out-edges are), through ops
-            Grappler removes, which complete at once (and join the order after i)."""
-            ready: list[int] = []
-            stack = [i]
-            while stack:
-                x = stack.pop()
-                for j in succ[x]:
-                    d = indeg[j] - 1
-                    indeg[j] = d
-                    if d or (looping and loops.park(j)):
-                        continue
-                    if transparent[j]:
-                        order.append(j)
-                        stack.append(j)
-                    else:
-                        ready.append(j)
-            ready.sort()
-            return ready
 
         while True:
             while tasks or inline:
@@ -181,8 +167,30 @@ class _StepGraph:
                 order.append(i)
                 if looping:
                     inline.extend(loops.ran(i))
+                # the ops i made ready, in GraphDef order (TF's out-edges are), through
+                # ops Grappler removes, which complete at once (and join the order after
+                # i). Inline: this runs once per op
+                ready: list[int] = []
+                removed: list[int] = []  # completed ops Grappler removes, last first
+                x = i
+                while True:
+                    for j in succ[x]:
+                        d = indeg[j] - 1
+                        indeg[j] = d
+                        if d or (looping and loops.park(j)):
+                            continue
+                        if transparent[j]:
+                            order.append(j)
+                            removed.append(j)
+                        else:
+                            ready.append(j)
+                    if not removed:
+                        break
+                    x = removed.pop()
+                if len(ready) > 1:
+                    ready.sort()
                 expensive = None
-                for j in complete(i):
+                for j in ready:
                     if cheap[j]:
                         inline.append(j)
                     else:
@@ -204,6 +212,7 @@ class _StepGraph:
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
+_REMOVABLE_TYPES = frozenset({"NoOp", "Identity"})  # see _grappler_removes
 _EXITS = frozenset({"Exit", "RefExit"})
 
 
@@ -216,13 +225,14 @@ class _LoopExits:
     loop, whose pops then come before the pushes) while the body is still to come.
     Per frame, one counter of ops still to run: linear in the graph."""
 
-    def __init__(self, index: GraphIndex, member: bytearray) -> None:
+    def __init__(self, index: GraphIndex, member: bytearray, active: bool) -> None:
+        """`active`: whether the graph has v1 loop frames at all."""
         self.frame = index.frame
         self.remaining: dict[str, int] = {}
         self.parked: dict[str, list[int]] = {}
         self.body_frame: dict[int, str] = {}
         ops, data_inputs = index.ops, index.data_inputs
-        self.active = any(self.frame)
+        self.active = active
         if not self.active:
             return
         for i, f in enumerate(self.frame):
@@ -264,10 +274,9 @@ def _grappler_removes(index: GraphIndex, member: bytearray,
     dispatch an expensive op readied with them; once removed, that op runs at once (a
     recompute segment whose trigger is a gradient matmul starts right after it)."""
     out = bytearray(len(index))
-    ops, frame = index.ops, index.frame
-    for i in range(len(index)):
-        if member[i] and not frame[i] and (
-                ops[i] == "NoOp" or (ops[i] == "Identity" and index.control_inputs[i])):
+    ops, frame, control_inputs = index.ops, index.frame, index.control_inputs
+    for i in compress(range(len(index)), map(_REMOVABLE_TYPES.__contains__, ops)):
+        if member[i] and not frame[i] and (ops[i] == "NoOp" or control_inputs[i]):
             out[i] = 1
     for i in bypassed or ():
         if member[i] and not frame[i]:
