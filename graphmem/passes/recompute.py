@@ -105,19 +105,16 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         groups[n].triggers = set()  # not held back rather than a cycle
         leads.pop(n, None)
         plan.cycle_breaks += 1
-    new_nodes = []
     for n, group in enumerate(groups):
         seg, needed, copy_name, triggers = group.seg, group.needed, group.copy_name, \
             group.triggers
         start = cut_positions[seg - 1] if seg > 0 else None
-        copied = []
         held = ["^" + index.names[t] for t in sorted(triggers)]
         for i in sorted(needed, key=index.position.__getitem__):
-            node, reads_copy = _copy_node(index, i, copy_name)
-            if not reads_copy:  # the group's first ops: the triggers hold them back
-                node.input.extend(held)
-            copied.append(node)
-        new_nodes.extend(copied)
+            # appended in place (node ids of the graph stay as the index has them)
+            node = g.node.add()
+            if not _copy_node(index, i, copy_name, node):  # the group's first ops: the
+                node.input.extend(held)  # triggers hold them back
         if not triggers:
             plan.not_held_back.append(seg)
         for w, i in group.ref_writes:
@@ -134,7 +131,6 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             node.input[slot] = text
             plan.rewired_inputs += 1
     plan.shape_readers_released = _release_shape_readers(index, regions)
-    g.node.extend(new_nodes)
     return plan
 
 
@@ -379,11 +375,10 @@ def _reads(index: GraphIndex, parsed: tuple[str, int, bool], tensor: Tensor) -> 
     return not ctrl and index.id_of[name] == tensor[0] and k == tensor[1]
 
 
-def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str]):
-    """A copy of op i named copy_name[i], reading the copies of the ops that have one;
-    also returns whether it reads any (data or control)."""
+def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str], node) -> bool:
+    """Make `node` a copy of op i named copy_name[i], reading the copies of the ops that
+    have one; returns whether it reads any (data or control)."""
     original = index.graph_def.node[i]
-    node = original.__class__()
     node.CopyFrom(original)
     node.name = copy_name[i]
     id_of = index.id_of
@@ -405,7 +400,7 @@ def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str]):
         inputs.append(text)
     del node.input[:]
     node.input.extend(inputs)
-    return node, reads_copy
+    return reads_copy
 
 
 def _triggers(index: GraphIndex, regions: Regions, consumers: set[int]) -> set[int]:
