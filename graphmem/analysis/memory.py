@@ -286,6 +286,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         index.frame
     num_outputs, data_consumers = index.num_outputs, index.data_consumers
     sizes_of = index.output_bytes(batch_size)
+    sizes = index.output_sizes(batch_size)  # the same lists, without a call per op
     reads_of: dict[Tensor, list[Tensor]] = {}  # variable handle -> reads since its last copy
     held_by: dict[Tensor, list[Tensor]] = {}  # read -> old variable buffers it keeps
     # per op type, asked once per op rather than once per output (see _OpKind)
@@ -369,7 +370,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 b = list_bytes[t]
             else:
                 if out_sizes is None:
-                    out_sizes = sizes_of(i)
+                    out_sizes = sizes[i]
                 b = out_sizes[k]
             if b is None and frame[i] and k == 0:
                 b = _loop_body_size(op, inputs, buffer_of, size)

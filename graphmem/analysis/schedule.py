@@ -106,7 +106,7 @@ class _StepGraph:
         succ: list[list[int]] = [[] for _ in range(n)]
         inexpensive = bytearray(n)  # kernels TF marks inexpensive: inline from the start
         learned = bytearray(n)  # those and ops this small: inline once TF knows their cost
-        sizes_of = index.output_bytes(batch_size)
+        output_sizes = index.output_sizes(batch_size)
         verdicts: dict[int, int] = {}  # id of a list of output sizes (shared) -> all small
         sources: list[int] = []  # ops waiting for none, in topological order
         for i in index.topo:
@@ -129,7 +129,7 @@ class _StepGraph:
             if op in CHEAP_OPS:
                 inexpensive[i] = learned[i] = 1
             else:
-                sizes = sizes_of(i)  # lists kept by the index's cache: their ids stay theirs
+                sizes = output_sizes[i]  # lists kept by the index's cache: their ids stay theirs
                 verdict = verdicts.get(id(sizes))
                 if verdict is None:
                     verdict = verdicts[id(sizes)] = int(
