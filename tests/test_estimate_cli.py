@@ -2,6 +2,7 @@
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -87,6 +88,7 @@ def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
     assert result.after.peak_bytes > result.before.peak_bytes
     assert result.reverted
     assert load_model(tmp_path / "a.meta").container == load_model(src).container
+    assert (tmp_path / "a.meta").read_bytes() == Path(src).read_bytes()  # the input itself
     kept = rewrite_file(src, tmp_path / "b.meta", RewriteOptions("none", [], 64,
                                                                  keep_worse=True))
     assert not kept.reverted

@@ -69,7 +69,7 @@ def _parse(data: bytes, message: Message, text: bool, path: Path, what: str) -> 
     return message
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_file_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
@@ -91,7 +91,7 @@ def load_model(
     else:
         if path.is_dir():
             raise InputError(f"{path} is a directory, but --format {fmt.value} expects a file")
-        data = _read_bytes(path)
+        data = read_file_bytes(path)
         if fmt in (Format.META, Format.META_TEXT):
             meta = _parse(data, protos.MetaGraphDef(), fmt.is_text, path, "MetaGraphDef")
             if not meta.graph_def.node:
@@ -110,10 +110,10 @@ def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
     directory = path if path.is_dir() else path.parent
     pb, pbtxt = directory / SAVED_MODEL_FILES[0], directory / SAVED_MODEL_FILES[1]
     if pb.exists():
-        saved = _parse(_read_bytes(pb), protos.SavedModel(), False, pb, "SavedModel")
+        saved = _parse(read_file_bytes(pb), protos.SavedModel(), False, pb, "SavedModel")
         text = False
     elif pbtxt.exists():
-        saved = _parse(_read_bytes(pbtxt), protos.SavedModel(), True, pbtxt, "SavedModel")
+        saved = _parse(read_file_bytes(pbtxt), protos.SavedModel(), True, pbtxt, "SavedModel")
         text = True
     else:
         raise InputError(f"{directory} is not a SavedModel directory (no saved_model.pb)")
