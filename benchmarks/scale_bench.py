@@ -28,16 +28,17 @@ peak RSS from that process's own rusage, `os.wait4`):
   `OpRegistry(use_tensorflow=False)` (fed the file's op list) and calls
   `graphmem.analysis.memory.estimate_memory` (its own phase times go to the JSON file)
 
-and, for scale, `python -c "import tensorflow"` (median of 3; so is the ~100k chain's
-`rewrite-memory`, which the first check compares with it). The table shows each run and
+and, for scale, `python -c "import tensorflow"` (median of 3). On graphs up to ~100k nodes
+each command runs 3 times and the median counts (`--runs`; a few seconds vary by 10-20%
+from process to process here); 1M-node graphs run once. The table shows each run and
 its growth from the previous size of the same shape and command (time and RSS), then two
 checks: is `rewrite --policy memory` of the ~100k-node chain faster than importing
 TensorFlow, and is every growth ratio from 100k to 1M nodes at most 12x (the node count
 grows 10x; each process also pays a fixed start-up, so small sizes understate growth).
 
-Expected duration (2 cores, measured 2026-11): the default run takes about 15-20 minutes,
-nearly all of it the 1M-node graphs (building each takes ~10-30 s, each command on it one to
-a few minutes); `--sizes 10k,100k` takes 2-3 minutes. Timings are wall-clock times on a
+Expected duration (2 cores, measured 2026-11-25): the default run takes about 12 minutes,
+most of it the 1M-node graphs (building each takes ~7 s, each command on it 20-80 s);
+`--sizes 10k,100k` takes about 3 minutes. Timings are wall-clock times on a
 shared machine: run it on an otherwise idle one, or compare CPU seconds.
 """
 
@@ -68,7 +69,8 @@ BASE_ENV = dict(os.environ)
 BATCH = 32
 MIB = 1024 * 1024
 TF_RUNS = 3
-TARGET_RUN = ("chain", "rewrite-memory", 100_000)  # timed against `import tensorflow`
+RUNS = 3  # processes per command on graphs up to REPEAT_UP_TO nodes (the median counts)
+REPEAT_UP_TO = 100_000  # bigger graphs run once: minutes each, and their noise is smaller
 MAX_GROWTH = 12.0  # the issue's bound on any 100k -> 1M growth ratio (nodes grow 10x)
 TIMEOUT = 3600  # seconds per command
 FIXED_NODES = 8  # input, loss, gradient seed, learning rate, train op ...
@@ -352,7 +354,7 @@ def _detail(command: str, stdout: str) -> dict:
 
 def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
                   commands: tuple[str, ...], max_rss_mib: float | None,
-                  log, target_runs: int = TF_RUNS) -> tuple[dict, list[Run]]:
+                  log, runs: int = RUNS) -> tuple[dict, list[Run]]:
     model = workdir / f"{shape}_{size_label(target)}.meta"
     out = workdir / f"{shape}_{size_label(target)}_out.meta"
     log(f"building {shape} ~{size_label(target)} ...")
@@ -361,9 +363,10 @@ def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
         f"built in {facts['build_seconds']:.1f} s")
     runs = []
     for command in commands:
-        # the run the target compares with `import tensorflow` is timed as that is: the
-        # median of `target_runs` processes, not one sample of a noisy machine
-        repeat = target_runs if (shape, command, target) == TARGET_RUN else 1
+        # a few seconds on a shared machine vary by 10-20% from process to process: the
+        # median of `runs` processes, not one sample (the growth ratios and the comparison
+        # with `import tensorflow`, itself a median, rest on these)
+        repeat = runs if target <= REPEAT_UP_TO else 1
         results = [run_measured(command_line(command, model, out), workdir,
                                 max_rss_mib=max_rss_mib) for _ in range(max(repeat, 1))]
         ok = sorted((r for r in results if r["error"] is None), key=lambda r: r["seconds"])
@@ -524,8 +527,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="write .meta files without stripped_op_list (graphmem then imports "
                          "TensorFlow for op definitions)")
     ap.add_argument("--tf-runs", type=int, default=TF_RUNS,
-                    help="runs of `import tensorflow` (median; 0 to skip), and of the ~100k "
-                         "chain's `rewrite --policy memory` it is compared with")
+                    help="runs of `import tensorflow` (median; 0 to skip)")
+    ap.add_argument("--runs", type=int, default=RUNS,
+                    help=f"runs of each command on graphs up to ~{REPEAT_UP_TO // 1000}k nodes "
+                         f"(median; bigger graphs run once; default {RUNS})")
     ap.add_argument("--max-rss", type=float, metavar="GIB",
                     help="kill a command above this resident memory (default: half of the "
                          "memory available at start)")
@@ -572,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
             for shape in shapes:
                 facts, graph_runs = measure_graph(shape, target, workdir,
                                                   not args.no_op_list, commands,
-                                                  max_rss_mib, log, args.tf_runs)
+                                                  max_rss_mib, log, args.runs)
                 graphs.append({"shape": shape, "target": target, **facts})
                 runs.extend(graph_runs)
     finally:
