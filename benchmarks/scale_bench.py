@@ -354,7 +354,7 @@ def _detail(command: str, stdout: str) -> dict:
 
 def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
                   commands: tuple[str, ...], max_rss_mib: float | None,
-                  log, runs: int = RUNS) -> tuple[dict, list[Run]]:
+                  log, repeats: int = RUNS) -> tuple[dict, list[Run]]:
     model = workdir / f"{shape}_{size_label(target)}.meta"
     out = workdir / f"{shape}_{size_label(target)}_out.meta"
     log(f"building {shape} ~{size_label(target)} ...")
@@ -364,9 +364,9 @@ def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
     runs = []
     for command in commands:
         # a few seconds on a shared machine vary by 10-20% from process to process: the
-        # median of `runs` processes, not one sample (the growth ratios and the comparison
+        # median of `repeats` processes, not one sample (the growth ratios and the comparison
         # with `import tensorflow`, itself a median, rest on these)
-        repeat = runs if target <= REPEAT_UP_TO else 1
+        repeat = repeats if target <= REPEAT_UP_TO else 1
         results = [run_measured(command_line(command, model, out), workdir,
                                 max_rss_mib=max_rss_mib) for _ in range(max(repeat, 1))]
         ok = sorted((r for r in results if r["error"] is None), key=lambda r: r["seconds"])
