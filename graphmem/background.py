@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -73,8 +74,6 @@ class Background(Generic[T]):
         the value (a child left writing into a full pipe nobody reads would wait forever)."""
         if self._pid is None:
             return
-        import signal
-
         try:
             os.kill(self._pid, signal.SIGKILL)
         except ProcessLookupError:

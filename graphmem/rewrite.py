@@ -15,10 +15,7 @@ from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
 from graphmem.background import Background
 from graphmem.estimate import estimate_step
-from graphmem.formats import LoadedModel, load_model, save_model
-from graphmem.formats.load import read_file_bytes
-from graphmem.formats.model import Format
-from graphmem.formats.save import write_atomic
+from graphmem.formats import LoadedModel, load_model, save_model, save_unchanged
 from graphmem.graph import dtypes
 from graphmem.graph.index import nbytes
 from graphmem.graph.workspace import Workspace
@@ -442,10 +439,8 @@ def rewrite_file(model_path: str | Path, out: str | Path, options: RewriteOption
     ws = Workspace.open(load_model(model_path, fmt, tag, function),
                         batch_size=options.batch_size)
     result = rewrite_workspace(ws, options)
-    if result.reverted and ws.model.format != Format.SAVED_MODEL:
-        # the rewrite was undone: the output is the input file itself, byte for byte
-        # (serializing the restored graph would only cost time and reorder its bytes)
-        write_atomic(Path(out), read_file_bytes(Path(model_path)))
+    if result.reverted:  # undone: the output is the input itself
+        save_unchanged(ws.model, out)
     else:
         save_model(ws.model, out)
     return result

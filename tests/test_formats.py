@@ -3,7 +3,7 @@
 import pytest
 
 from graphmem.errors import InputError
-from graphmem.formats import Format, load_model, save_model
+from graphmem.formats import Format, load_model, save_model, save_unchanged
 from graphmem.formats import save as save_module
 from tests.conftest import fixture_path
 
@@ -51,6 +51,18 @@ def test_tf2_saved_model_finds_its_train_step(fixtures, tmp_path):
     assert (out / "fingerprint.pb").exists()
     save_model(model, tmp_path / "sm3", rewritten=True)
     assert not (tmp_path / "sm3" / "fingerprint.pb").exists()  # it would no longer match
+
+
+def test_an_unchanged_model_is_written_as_its_input(tmp_path):
+    src = fixture_path("mlp_text")  # a text file: re-serializing would not keep its bytes
+    save_unchanged(load_model(src), tmp_path / "same.meta")
+    assert (tmp_path / "same.meta").read_bytes() == src.read_bytes()
+    sm = fixture_path("tf2_saved_model")
+    save_unchanged(load_model(sm), tmp_path / "sm")
+    assert (tmp_path / "sm" / "saved_model.pb").read_bytes() == \
+        (sm / "saved_model.pb").read_bytes()
+    assert (tmp_path / "sm" / "fingerprint.pb").read_bytes() == \
+        (sm / "fingerprint.pb").read_bytes()  # still the fingerprint of that saved_model.pb
 
 
 def test_saved_model_tag_errors_list_the_tags():

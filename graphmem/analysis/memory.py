@@ -384,7 +384,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                         k in refs:
                     b = 0
                 else:
-                    b = -(-b // 256) * 256  # TF's BFC allocator hands out multiples of 256
+                    b = allocation_bytes(b)  # TF's BFC allocator hands out multiples of 256
                     if kind.forwarding:
                         donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken)
                         if donor is not None:  # TF reuses an input buffer this op reads last
@@ -708,16 +708,8 @@ def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Ten
         if buf is None or buf in taken or size.get(buf) != nbytes_out:
             continue
         left = pending.get(buf, 0)
-        if left > slots:  # read later by another op (no need to count the reads here)
-            continue
-        if slots == 1:
-            reads_here = 1
-        else:
-            reads_here = 0
-            for u in inputs:
-                if buffer_of.get(u) == buf:
-                    reads_here += 1
-        if left == reads_here:
+        # more reads left than this op has slots: read later too (no need to count)
+        if left <= slots and left == sum(1 for u in inputs if buffer_of.get(u) == buf):
             return buf
     return None
 

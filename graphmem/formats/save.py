@@ -13,6 +13,7 @@ from pathlib import Path
 
 from graphmem import protos
 from graphmem.errors import InputError
+from graphmem.formats.load import read_file_bytes
 from graphmem.formats.model import Format, LoadedModel
 
 # fingerprint.pb hashes saved_model.pb; a rewritten graph would make it lie, so it is dropped.
@@ -57,16 +58,34 @@ def _umask() -> int:
 
 
 def save_model(model: LoadedModel, out: str | Path, rewritten: bool = True) -> Path:
-    out = Path(out)
+    return _write(model, Path(out), rewritten, None)
+
+
+def save_unchanged(model: LoadedModel, out: str | Path) -> Path:
+    """Write the model's input itself to `out`, for a rewrite that was undone: the file's
+    own bytes (re-serializing the unchanged graph would only cost time and reorder them);
+    a SavedModel with its own saved_model.pb, so its fingerprint.pb still matches."""
+    source = model.path / _pb_name(model) if model.format == Format.SAVED_MODEL else model.path
+    return _write(model, Path(out), False, read_file_bytes(source))
+
+
+def _write(model: LoadedModel, out: Path, rewritten: bool, data: bytes | None) -> Path:
+    """`data`: the bytes of the file (a SavedModel's saved_model.pb) to write; default:
+    the model serialized."""
+    data = serialize(model) if data is None else data
     if model.format != Format.SAVED_MODEL:
         if out.is_dir():
             raise InputError(f"output {out} is a directory; give a file name")
-        write_atomic(out, serialize(model))
+        write_atomic(out, data)
         return out
-    return _save_saved_model(model, out, rewritten)
+    return _save_saved_model(model, out, rewritten, data)
 
 
-def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool) -> Path:
+def _pb_name(model: LoadedModel) -> str:
+    return "saved_model.pbtxt" if model.saved_model_text else "saved_model.pb"
+
+
+def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool, pb_data: bytes) -> Path:
     source = model.path
     if out.resolve() == source.resolve():
         raise InputError("refusing to overwrite the input SavedModel; choose another -o")
@@ -75,7 +94,6 @@ def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        pb_name = "saved_model.pbtxt" if model.saved_model_text else "saved_model.pb"
         for entry in source.iterdir():
             if entry.name in ("saved_model.pb", "saved_model.pbtxt"):
                 continue
@@ -85,7 +103,7 @@ def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool) -> Path:
                 shutil.copytree(entry, staging / entry.name)
             else:
                 shutil.copy2(entry, staging / entry.name)
-        (staging / pb_name).write_bytes(serialize(model))
+        (staging / _pb_name(model)).write_bytes(pb_data)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

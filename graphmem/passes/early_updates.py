@@ -33,7 +33,6 @@ nodes):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from heapq import heapify, heappop, heappush
 
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, closing_cycles
@@ -276,46 +275,12 @@ def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> l
     logits), and the loss with its inputs. Eight at most (Reachability's limit)."""
     position = index.position.__getitem__
     loss_nodes = [t[0] for t in regions.loss]
-    saved = {s.tensor[0] for s in regions.saved}
-    read = _last_on_path(index, loss_nodes, saved, 3)
-    if read is None:
-        on_loss_path = index.ancestors(loss_nodes, data_only=True) if loss_nodes else set()
-        read = sorted(saved & on_loss_path, key=position)[-3:]
+    on_loss_path = index.ancestors(loss_nodes, data_only=True) if loss_nodes else set()
+    read = sorted({s.tensor[0] for s in regions.saved if s.tensor[0] in on_loss_path},
+                  key=position)
     near_loss = loss_nodes + [s for i in loss_nodes for s, _ in index.data_inputs[i]]
-    found = sorted(checkpoints, key=position)[-3:] + read + near_loss
+    found = sorted(checkpoints, key=position)[-3:] + read[-3:] + near_loss
     return list(dict.fromkeys(found))[:8]
-
-
-_SHORT_WALK = 2_000  # ops taken off the heap before `_last_on_path` gives up
-
-
-def _last_on_path(index: GraphIndex, ends: list[int], among: set[int],
-                  count: int) -> list[int] | None:
-    """The last `count` ops of `among` (in topological order) that are data ancestors of
-    `ends`, found without walking all the ancestors: ops come off a heap in decreasing
-    position, so, every edge running forward in the order, each ancestor comes off before
-    any op placed earlier, and the walk stops at the `count`-th op of `among` (a few ops
-    above the loss). None when a v1 loop's back edge (NextIteration -> Merge) runs against
-    the order, or the walk is not short: the caller walks all the ancestors."""
-    ops = index.ops
-    if "NextIteration" in ops or "RefNextIteration" in ops:
-        return None
-    position, data_inputs, topo = index.position, index.data_inputs, index.topo
-    seen = set(ends)
-    heap = [-position[i] for i in seen]
-    heapify(heap)
-    found: list[int] = []
-    for _ in range(_SHORT_WALK):
-        if not heap or len(found) == count:
-            return found[::-1]
-        i = topo[-heappop(heap)]
-        if i in among:
-            found.append(i)
-        for j, _ in data_inputs[i]:
-            if j not in seen:
-                seen.add(j)
-                heappush(heap, -position[j])
-    return None
 
 
 def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
