@@ -18,17 +18,103 @@ buffer was traced in a 23-32 MB chunk. This module follows `bfc_allocator.cc` (T
   the next region when it was large enough already. Regions are never merged.
 
 Cost: a dictionary update and a binary search per event, per bin searched (at most 21).
+A step's replay (`replay_step`) runs in C when graphmem's extension is built (native.py);
+the Python classes here are its reference.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+from graphmem.native import native
 
 MIN_ALLOCATION = 256
 NUM_BINS = 21
 MAX_INTERNAL_FRAGMENTATION = 128 << 20
 INITIAL_REGION = 2 << 20
 _REGION_GAP = 1 << 12  # regions are separate allocations: never adjacent
+
+
+@dataclass
+class StepPeaks:
+    """What TF's allocator statistics count over a measured step (chunk bytes above what
+    was in use when it began)."""
+
+    peak: int = 0  # of all devices but the host
+    peak_pos: int = 0  # the position of the op whose allocation reached it
+    peak_dev: dict[str, int] = field(default_factory=dict)
+    host_peak: int = 0
+    timeline: list[int] = field(default_factory=list)  # bytes in use at each marked op
+
+
+def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: str | None,
+                keep_timeline: bool) -> StepPeaks:
+    """One allocator per device, holding the persistent buffers first, then the step twice,
+    as measured: the first step grows the allocators' regions and leaves them free; the
+    second is the one measured, from what was in use when it began. Events, in order:
+    (buffer, device, bytes, position) allocates, (buffer, None) frees, (position,) marks an
+    op running (for the timeline). `host`'s allocator is left out of `peak`."""
+    if native is not None:
+        peak, peak_pos, peak_dev, host_peak, timeline = native.replay_step(
+            events, persistent, host, keep_timeline)
+        return StepPeaks(peak, peak_pos, peak_dev, host_peak, timeline or [])
+    allocators: dict[str, BFCAllocator] = {}
+    for dev, b in persistent:
+        allocators.setdefault(dev, BFCAllocator()).allocate(b)
+    for ev in events:
+        if len(ev) == 4 and ev[1] not in allocators:
+            allocators[ev[1]] = BFCAllocator()
+    hosted = allocators.get(host) if host is not None else None
+    _first_step(events, allocators)
+    handles: dict = {}
+    base = {d: a.in_use for d, a in allocators.items()}
+    for a in allocators.values():
+        a.peak = a.in_use
+    step = start = sum(a.in_use for a in allocators.values() if a is not hosted)
+    peak = peak_pos = 0
+    timeline: list[int] = []
+    for ev in events:
+        if len(ev) == 4:
+            a = allocators[ev[1]]
+            before = a.in_use
+            handles[ev[0]] = (a, a.allocate(ev[2]))
+            if a is not hosted:
+                step += a.in_use - before
+                if step - start > peak:
+                    peak, peak_pos = step - start, ev[3]
+        elif len(ev) == 1:
+            if keep_timeline:
+                timeline.append(step - start)
+        else:
+            found = handles.pop(ev[0], None)
+            if found is not None:
+                a = found[0]
+                before = a.in_use
+                a.free(found[1])
+                if a is not hosted:
+                    step += a.in_use - before
+    return StepPeaks(
+        peak, peak_pos,
+        {d: a.peak - base[d] for d, a in allocators.items() if a.peak > base[d]},
+        allocators[host].peak - base[host] if host in allocators else 0,
+        timeline)
+
+
+def _first_step(events: list[tuple], allocators: dict[str, BFCAllocator]) -> None:
+    """The regions grow to what the step needs, and everything it allocated is free again
+    at its end. Only that state matters (no peaks counted)."""
+    handles: dict = {}
+    for ev in events:
+        if len(ev) == 4:
+            a = allocators[ev[1]]
+            handles[ev[0]] = (a, a.allocate(ev[2]))
+        elif len(ev) == 2:
+            found = handles.pop(ev[0], None)
+            if found is not None:
+                found[0].free(found[1])
+    for a, h in handles.values():
+        a.free(h)
 
 
 def rounded_bytes(n: int) -> int:

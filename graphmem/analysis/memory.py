@@ -18,7 +18,7 @@ from itertools import compress
 
 from google.protobuf.message import Message
 
-from graphmem.analysis.bfc import BFCAllocator
+from graphmem.analysis.bfc import replay_step
 from graphmem.analysis.broadcast_grads import forwarding_reductions
 from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
 from graphmem.analysis.loops import (
@@ -255,7 +255,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     reduction over nothing, broadcast_grads.py) hand on their first input's buffer."""
     run = _Run()
     # what the allocator is asked, in order, replayed through a model of TF's allocator
-    # at the end (bfc.py, _allocator_peaks), which then counts every peak: the sums of
+    # at the end (bfc.py, replay_step), which then counts every peak: the sums of
     # requests (`live`, `live_dev`) are kept only without it
     events: list[tuple] | None = [] if allocator else None
     loops = loops if loops is not None and not loops.is_empty() else None
@@ -480,77 +480,13 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                             live -= b
     run.peak, run.peak_pos, run.unknown = peak, peak_pos, unknown
     run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
-    if events is not None:
-        _allocator_peaks(run, events, persistent or [], host, keep_timeline)
+    if events is not None:  # the peaks TF's allocator statistics count (bfc.py)
+        peaks = replay_step(events, persistent or [], host, keep_timeline)
+        run.peak, run.peak_pos, run.peak_dev, run.host_peak = \
+            peaks.peak, peaks.peak_pos, peaks.peak_dev, peaks.host_peak
+        if keep_timeline:
+            run.timeline = peaks.timeline
     return run
-
-
-def _allocator_peaks(run: _Run, events: list[tuple], persistent: list[tuple[str, int]],
-                     host: str | None, keep_timeline: bool) -> None:
-    """Replace the run's peaks (sums of requests) by what TF's allocator statistics
-    count (chunks): one allocator per device, holding the persistent buffers first, then
-    the step twice, as measured (the first step grows the allocator's regions and leaves
-    them free; the second is the one measured, from what was in use when it began).
-    Events: (buffer, device, bytes, position) allocates, (buffer,) frees, (position,) marks
-    an op running (for the timeline)."""
-    allocators: dict[str, BFCAllocator] = {}
-    for dev, b in persistent:
-        allocators.setdefault(dev, BFCAllocator()).allocate(b)
-    for ev in events:
-        if len(ev) == 4 and ev[1] not in allocators:
-            allocators[ev[1]] = BFCAllocator()
-    hosted = allocators.get(host) if host is not None else None
-    _warm_up(events, allocators)
-    handles: dict = {}
-    base = {d: a.in_use for d, a in allocators.items()}
-    for a in allocators.values():
-        a.peak = a.in_use
-    step = start = sum(a.in_use for a in allocators.values() if a is not hosted)
-    peak = peak_pos = 0
-    timeline: list[int] = []
-    for ev in events:
-        if len(ev) == 4:
-            a = allocators[ev[1]]
-            before = a.in_use
-            handles[ev[0]] = (a, a.allocate(ev[2]))
-            if a is not hosted:
-                step += a.in_use - before
-                if step - start > peak:
-                    peak, peak_pos = step - start, ev[3]
-        elif len(ev) == 1:
-            if keep_timeline:
-                timeline.append(step - start)
-        else:
-            found = handles.pop(ev[0], None)
-            if found is not None:
-                a = found[0]
-                before = a.in_use
-                a.free(found[1])
-                if a is not hosted:
-                    step += a.in_use - before
-    for a, h in handles.values():  # the step's end: TF frees what it still holds
-        a.free(h)
-    run.peak, run.peak_pos = peak, peak_pos
-    run.peak_dev = {d: a.peak - base[d] for d, a in allocators.items() if a.peak > base[d]}
-    run.host_peak = allocators[host].peak - base[host] if host in allocators else 0
-    if keep_timeline:
-        run.timeline = timeline
-
-
-def _warm_up(events: list[tuple], allocators: dict[str, BFCAllocator]) -> None:
-    """The first step: the allocators' regions grow to what it needs, and everything it
-    allocated is free again at its end. Only that state matters (no peaks counted)."""
-    handles: dict = {}
-    for ev in events:
-        if len(ev) == 4:
-            a = allocators[ev[1]]
-            handles[ev[0]] = (a, a.allocate(ev[2]))
-        elif len(ev) == 2:
-            found = handles.pop(ev[0], None)
-            if found is not None:
-                found[0].free(found[1])
-    for a, h in handles.values():
-        a.free(h)
 
 
 def _copy_on_write(i, j, handle, inputs, reads_of, held_by, pending, size, buffer_of,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress
 
 from google.protobuf.message import Message
 
@@ -18,6 +19,7 @@ from graphmem.errors import InputError
 from graphmem.graph import dtypes
 from graphmem.graph.names import parse_input
 from graphmem.graph.opdefs import OpRegistry
+from graphmem.native import native
 
 Tensor = tuple[int, int]
 
@@ -29,6 +31,7 @@ CONTROL_FLOW_V2 = V2_LOOP_OPS | {"If", "StatelessIf", "Case", "StatelessCase"}
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable",
                           "_VarHandlesOp"})
 SUM_OPS = frozenset({"Add", "AddV2", "AddN"})  # how gradients are summed
+_MERGES = frozenset({"Merge", "RefMerge"})
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
                             "TensorShape"})
 
@@ -62,10 +65,10 @@ class GraphIndex:
     @classmethod
     def build(cls, graph_def: Message, registry: OpRegistry,
               previous: GraphIndex | None = None) -> GraphIndex:
-        """One pass over the nodes. Written for speed on 100k+-node graphs: input strings
-        are split inline (the common `name` form first), op and device strings are shared,
-        and output dtypes come from a per-signature cache, since most nodes of a big graph
-        repeat a few op signatures.
+        """One pass over the nodes. Written for speed on 100k+-node graphs: nodes and
+        edges are read in C from the serialized graph when graphmem's extension is built
+        (`_read_compiled`), else in Python (`_read_in_python`), and output dtypes come from
+        a per-signature cache, since most nodes of a big graph repeat a few op signatures.
 
         `previous`: the index of this graph before a pass that only appended nodes and
         edited inputs (what every graphmem pass does). Per-node facts that depend on a
@@ -74,11 +77,6 @@ class GraphIndex:
         idx = cls(graph_def, registry)
         nodes = graph_def.node
         n = len(nodes)
-        names = idx.names
-        id_of = idx.id_of
-        shared: dict[str, str] = {}
-        ops = idx.ops
-        devices = idx.devices
         kept = 0
         if previous is not None and len(previous) <= n:
             kept = len(previous)
@@ -87,6 +85,79 @@ class GraphIndex:
                 kept = 0  # not an appended-to graph after all: index from scratch
         if previous is not None:
             idx._shape_cache = previous._shape_cache
+        max_out = attr_job = None
+        if native is not None:
+            if not kept:  # a forked child reads the attrs meanwhile (see _read_in_python)
+                attr_job = Background(partial(_described_attr_facts, nodes, registry), n)
+            try:
+                max_out = idx._read_compiled()
+            except InputError:
+                if attr_job is not None:
+                    attr_job.cancel()
+                raise
+        if max_out is None:
+            if attr_job is not None:
+                attr_job.cancel()
+            max_out, attr_job = idx._read_in_python(previous if kept else None)
+        if kept:
+            idx.stateful.extend(previous.stateful)
+            idx.out_dtypes.extend(previous.out_dtypes)
+            idx.out_shapes.extend(previous.out_shapes)
+            idx.num_outputs.extend(max(a, b) for a, b in
+                                   zip(previous.num_outputs, max_out[:kept], strict=True))
+            if idx.num_outputs == previous.num_outputs:  # same outputs: sizes carry over
+                idx._bytes = {batch: sizes + [None] * (n - kept)
+                              for batch, sizes in previous._bytes.items()}
+        facts = attr_job.result() if attr_job is not None else None
+        if facts is None:  # not forked (or the child failed): read the attrs here
+            facts = _attr_facts(nodes, idx.ops, kept, n, registry, idx._shape_cache)
+        stateful, types_of, shapes_of, idx._shape_cache = facts
+        idx.stateful.extend(stateful)
+        out_dtypes, out_shapes, num_outputs = idx.out_dtypes, idx.out_shapes, idx.num_outputs
+        for i, types, shapes in zip(range(kept, n), types_of, shapes_of, strict=True):
+            n_shapes = len(shapes) if shapes else 0
+            if types is None:
+                types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
+            out_dtypes.append(types)
+            out_shapes.append(shapes if n_shapes else None)
+            count = len(types) if types is not None else 0
+            m = max_out[i]
+            num_outputs.append(count if count >= m and count >= n_shapes else max(m, n_shapes))
+        idx._toposort()
+        idx._frames()
+        if any(idx.frame):
+            idx._condense_loops()
+        return idx
+
+    def _read_compiled(self) -> list[int] | None:
+        """Names, ops, devices and edges from the serialized GraphDef, in C (native.py):
+        the same lists `_read_in_python` makes. Returns each node's output count as its
+        readers use them, or None when the bytes could not be read there."""
+        try:
+            read = native.read_graph(self.graph_def.SerializeToString())
+        except ValueError:
+            return None
+        if len(read) == 2:  # ("duplicate", name)
+            raise InputError(f"the graph has two nodes named {read[1]!r}")
+        if len(read) == 3:  # ("missing", node id, input)
+            raise InputError(f"node {self.graph_def.node[read[1]].name!r} reads {read[2]!r}, "
+                             "which is not in the graph")
+        (self.names, self.ops, self.devices, self.data_inputs, self.control_inputs,
+         self.consumers, self.control_consumers, max_out) = read
+        self.id_of = dict(zip(self.names, range(len(self.names)), strict=True))
+        return max_out
+
+    def _read_in_python(self, previous: GraphIndex | None
+                        ) -> tuple[list[int], Background | None]:
+        """Names, ops, devices (those of `previous` for the nodes it had) and edges. Input
+        strings are split inline (the common `name` form first); op and device strings are
+        shared. Returns each node's output count as its readers use them, and the forked
+        child reading the attrs, if any."""
+        nodes = self.graph_def.node
+        n = len(nodes)
+        names, id_of, ops, devices = self.names, self.id_of, self.ops, self.devices
+        shared: dict[str, str] = {}
+        kept = len(previous) if previous is not None else 0
         if kept:
             names.extend(previous.names)
             ops.extend(previous.ops)
@@ -108,14 +179,15 @@ class GraphIndex:
         # process reads the edges and sorts (background.py). Only where the file describes
         # every op type: a lookup in TensorFlow's registry would import TensorFlow there.
         attr_job = None
+        registry = self.registry
         if not kept and registry.describes(set(ops)):
             attr_job = Background(partial(_attr_facts, nodes, ops, 0, n, registry, {}), n)
         control_consumers: list[list[int]] = [[] for _ in range(n)]
-        idx.control_consumers = control_consumers
+        self.control_consumers = control_consumers
         max_out = [0] * n
-        consumers = idx.consumers
-        data_inputs = idx.data_inputs
-        control_inputs = idx.control_inputs
+        consumers = self.consumers
+        data_inputs = self.data_inputs
+        control_inputs = self.control_inputs
         for i, node in enumerate(nodes):
             data: list[Tensor] = []
             ctrl: list[int] = []
@@ -146,35 +218,7 @@ class GraphIndex:
                     max_out[src] = k + 1
             data_inputs.append(data)
             control_inputs.append(ctrl)
-        if kept:
-            idx.stateful.extend(previous.stateful)
-            idx.out_dtypes.extend(previous.out_dtypes)
-            idx.out_shapes.extend(previous.out_shapes)
-            idx.num_outputs.extend(max(a, b) for a, b in
-                                   zip(previous.num_outputs, max_out[:kept], strict=True))
-            if idx.num_outputs == previous.num_outputs:  # same outputs: sizes carry over
-                idx._bytes = {batch: sizes + [None] * (n - kept)
-                              for batch, sizes in previous._bytes.items()}
-        facts = attr_job.result() if attr_job is not None else None
-        if facts is None:  # not forked (or the child failed): read the attrs here
-            facts = _attr_facts(nodes, ops, kept, n, registry, idx._shape_cache)
-        stateful, types_of, shapes_of, idx._shape_cache = facts
-        idx.stateful.extend(stateful)
-        out_dtypes, out_shapes, num_outputs = idx.out_dtypes, idx.out_shapes, idx.num_outputs
-        for i, types, shapes in zip(range(kept, n), types_of, shapes_of, strict=True):
-            n_shapes = len(shapes) if shapes else 0
-            if types is None:
-                types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
-            out_dtypes.append(types)
-            out_shapes.append(shapes if n_shapes else None)
-            count = len(types) if types is not None else 0
-            m = max_out[i]
-            num_outputs.append(count if count >= m and count >= n_shapes else max(m, n_shapes))
-        idx._toposort()
-        idx._frames()
-        if any(idx.frame):
-            idx._condense_loops()
-        return idx
+        return max_out, attr_job
 
     def add_control_edges(self, edges: list[tuple[int, int]]) -> None:
         """Record control edges (src, dst) a pass wrote into the GraphDef, without a
@@ -215,17 +259,20 @@ class GraphIndex:
     def _kahn(self) -> tuple[list[int], list[int]]:
         """`kahn` over `ordering_preds` of every node, without building the predecessor
         lists: successor lists come straight from the edges (the same lists, so the same
-        order)."""
-        n = len(self.names)
+        order). In C when graphmem's extension is built (native.py)."""
         ops = self.ops
+        data_inputs = self.data_inputs
+        if "Merge" in ops or "RefMerge" in ops:  # a Merge waits for no back edge
+            data_inputs = list(data_inputs)
+            for i in compress(range(len(ops)), map(_MERGES.__contains__, ops)):
+                data_inputs[i] = [t for t in data_inputs[i]
+                                  if ops[t[0]] not in ("NextIteration", "RefNextIteration")]
+        if native is not None:
+            return native.kahn(data_inputs, self.control_inputs)
+        n = len(self.names)
         succ: list[list[int]] = [[] for _ in range(n)]
         indeg = [0] * n
-        merges = ("Merge", "RefMerge")
-        any_merge = "Merge" in ops or "RefMerge" in ops
-        pairs = zip(self.data_inputs, self.control_inputs, strict=True)
-        for i, (data, ctrl) in enumerate(pairs):
-            if any_merge and ops[i] in merges:
-                data = [t for t in data if ops[t[0]] not in ("NextIteration", "RefNextIteration")]
+        for i, (data, ctrl) in enumerate(zip(data_inputs, self.control_inputs, strict=True)):
             for s, _ in data:
                 succ[s].append(i)
             for s in ctrl:
@@ -640,6 +687,15 @@ def _attr_facts(nodes, ops: list[str], start: int, end: int, registry: OpRegistr
         else:
             shapes_of.append(None)
     return stateful_of, types_of, shapes_of, shape_cache
+
+
+def _described_attr_facts(nodes, registry: OpRegistry) -> tuple | None:
+    """`_attr_facts` of every node, if the file describes every op type (else None: the
+    lookups would import TensorFlow, which a forked child must not)."""
+    ops = [node.op for node in nodes]
+    if not registry.describes(set(ops)):
+        return None
+    return _attr_facts(nodes, ops, 0, len(ops), registry, {})
 
 
 class _SignatureCache:

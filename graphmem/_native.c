@@ -1,0 +1,857 @@
+/* graphmem._native: compiled versions of the hot loops of a few analyses.
+ *
+ * Each function here does exactly what a pure-Python function in graphmem does (named in
+ * its comment), on the same inputs and with the same result: the Python one is the
+ * reference, runs when this module was not built (no C compiler at install time, or
+ * GRAPHMEM_PURE_PYTHON=1; see graphmem/native.py), and tests/test_native.py checks the
+ * two agree. Only loops that are plain integer work over lists live here; the analyses
+ * around them stay in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------ */
+/* Growable arrays                                                                      */
+/* ------------------------------------------------------------------------------------ */
+
+static int grow(void **items, Py_ssize_t *cap, Py_ssize_t need, size_t item_size) {
+    if (need <= *cap) return 0;
+    Py_ssize_t cap2 = *cap ? *cap : 16;
+    while (cap2 < need) cap2 *= 2;
+    void *p = PyMem_Realloc(*items, (size_t)cap2 * item_size);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *items = p;
+    *cap = cap2;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The BFC allocator (graphmem/analysis/bfc.py, BFCAllocator and replay_step)           */
+/* ------------------------------------------------------------------------------------ */
+
+#define MIN_ALLOCATION 256
+#define NUM_BINS 21
+#define MAX_INTERNAL_FRAGMENTATION (128LL << 20)
+#define INITIAL_REGION (2LL << 20)
+#define REGION_GAP (1LL << 12)
+
+typedef struct {
+    int64_t size, addr;
+    int32_t prev, next; /* the chunks just below and above in the region; -1: none */
+    int32_t free;       /* 1 while free (and in a bin) */
+} Chunk;
+
+typedef struct {
+    int32_t *items; /* chunk ids, sorted by (size, address) */
+    Py_ssize_t len, cap;
+} Bin;
+
+typedef struct {
+    Chunk *chunks;
+    Py_ssize_t nchunks, cap;
+    int32_t *spare; /* ids of chunks merged away, to reuse */
+    Py_ssize_t nspare, spare_cap;
+    Bin bins[NUM_BINS];
+    uint32_t nonempty; /* bit b: bin b holds a chunk */
+    int64_t region_bytes, next_base, in_use, peak;
+} BFC;
+
+static void bfc_init(BFC *a) {
+    memset(a, 0, sizeof(*a));
+    a->region_bytes = INITIAL_REGION;
+}
+
+static void bfc_clear(BFC *a) {
+    PyMem_Free(a->chunks);
+    PyMem_Free(a->spare);
+    for (int b = 0; b < NUM_BINS; b++) PyMem_Free(a->bins[b].items);
+    memset(a, 0, sizeof(*a));
+}
+
+static int bin_of(int64_t size) {
+    uint64_t x = (uint64_t)size >> 8;
+    int b = x ? 63 - __builtin_clzll(x) : -1;
+    return b < NUM_BINS ? b : NUM_BINS - 1;
+}
+
+/* whether chunk x sorts before (size, addr) */
+static inline int before_key(const Chunk *x, int64_t size, int64_t addr) {
+    return x->size < size || (x->size == size && x->addr < addr);
+}
+
+static Py_ssize_t bin_lower_bound(const BFC *a, const Bin *bin, int64_t size, int64_t addr) {
+    Py_ssize_t lo = 0, hi = bin->len;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) >> 1;
+        if (before_key(&a->chunks[bin->items[mid]], size, addr)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int bin_insert(BFC *a, int32_t id) {
+    Chunk *c = &a->chunks[id];
+    int b = bin_of(c->size);
+    Bin *bin = &a->bins[b];
+    if (grow((void **)&bin->items, &bin->cap, bin->len + 1, sizeof(int32_t)) < 0) return -1;
+    Py_ssize_t k = bin_lower_bound(a, bin, c->size, c->addr);
+    memmove(bin->items + k + 1, bin->items + k, (size_t)(bin->len - k) * sizeof(int32_t));
+    bin->items[k] = id;
+    bin->len++;
+    a->nonempty |= 1u << b;
+    c->free = 1;
+    return 0;
+}
+
+static void bin_remove(BFC *a, int32_t id) {
+    Chunk *c = &a->chunks[id];
+    int b = bin_of(c->size);
+    Bin *bin = &a->bins[b];
+    Py_ssize_t k = bin_lower_bound(a, bin, c->size, c->addr);
+    memmove(bin->items + k, bin->items + k + 1, (size_t)(bin->len - k - 1) * sizeof(int32_t));
+    bin->len--;
+    if (!bin->len) a->nonempty &= ~(1u << b);
+    c->free = 0;
+}
+
+static int32_t new_chunk(BFC *a, int64_t addr, int64_t size) {
+    int32_t id;
+    if (a->nspare) {
+        id = a->spare[--a->nspare];
+    } else {
+        if (a->nchunks >= INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "too many allocator chunks");
+            return -1;
+        }
+        if (grow((void **)&a->chunks, &a->cap, a->nchunks + 1, sizeof(Chunk)) < 0) return -1;
+        id = (int32_t)a->nchunks++;
+    }
+    Chunk *c = &a->chunks[id];
+    c->size = size;
+    c->addr = addr;
+    c->prev = c->next = -1;
+    c->free = 0;
+    return id;
+}
+
+static int drop_chunk(BFC *a, int32_t id) {
+    if (grow((void **)&a->spare, &a->spare_cap, a->nspare + 1, sizeof(int32_t)) < 0) return -1;
+    a->spare[a->nspare++] = id;
+    return 0;
+}
+
+static int bfc_extend(BFC *a, int64_t need) {
+    int grew = 0;
+    while (need > a->region_bytes) {
+        a->region_bytes *= 2;
+        grew = 1;
+    }
+    int32_t id = new_chunk(a, a->next_base, a->region_bytes);
+    if (id < 0) return -1;
+    a->next_base += a->region_bytes + REGION_GAP;
+    if (bin_insert(a, id) < 0) return -1;
+    if (!grew) a->region_bytes *= 2;
+    return 0;
+}
+
+/* BFCAllocator.allocate: the chunk id handed out, -1 on error */
+static int32_t bfc_allocate(BFC *a, int64_t nbytes) {
+    int64_t need = (nbytes + MIN_ALLOCATION - 1) & -(int64_t)MIN_ALLOCATION;
+    if (need < MIN_ALLOCATION) need = MIN_ALLOCATION;
+    int first = bin_of(need);
+    for (;;) {
+        for (int b = first; b < NUM_BINS; b++) {
+            if (!(a->nonempty & (1u << b))) continue;
+            Bin *bin = &a->bins[b];
+            Py_ssize_t k = bin_lower_bound(a, bin, need, 0);
+            if (k >= bin->len) continue;
+            int32_t id = bin->items[k];
+            bin_remove(a, id);
+            Chunk *c = &a->chunks[id];
+            if (c->size >= 2 * need || c->size - need >= MAX_INTERNAL_FRAGMENTATION) {
+                int64_t rest_addr = c->addr + need, rest_size = c->size - need;
+                int32_t rest = new_chunk(a, rest_addr, rest_size);
+                if (rest < 0) return -1;
+                c = &a->chunks[id]; /* the array may have moved */
+                Chunk *r = &a->chunks[rest];
+                r->prev = id;
+                r->next = c->next;
+                if (c->next >= 0) a->chunks[c->next].prev = rest;
+                c->next = rest;
+                c->size = need;
+                if (bin_insert(a, rest) < 0) return -1;
+                c = &a->chunks[id];
+            }
+            a->in_use += c->size;
+            if (a->in_use > a->peak) a->peak = a->in_use;
+            return id;
+        }
+        if (bfc_extend(a, need) < 0) return -1;
+    }
+}
+
+/* BFCAllocator.free: merges with free neighbours in the region */
+static int bfc_free(BFC *a, int32_t id) {
+    Chunk *c = &a->chunks[id];
+    a->in_use -= c->size;
+    int32_t above = c->next;
+    if (above >= 0 && a->chunks[above].free) {
+        bin_remove(a, above);
+        Chunk *n = &a->chunks[above];
+        c->size += n->size;
+        c->next = n->next;
+        if (n->next >= 0) a->chunks[n->next].prev = id;
+        if (drop_chunk(a, above) < 0) return -1;
+    }
+    int32_t below = c->prev;
+    if (below >= 0 && a->chunks[below].free) {
+        bin_remove(a, below);
+        Chunk *p = &a->chunks[below];
+        p->size += c->size;
+        p->next = c->next;
+        if (c->next >= 0) a->chunks[c->next].prev = below;
+        if (drop_chunk(a, id) < 0) return -1;
+        id = below;
+    }
+    return bin_insert(a, id);
+}
+
+/* The allocators of a step, one per device, in the order the devices first appear. */
+typedef struct {
+    PyObject *index; /* device -> its allocator's position */
+    BFC *items;
+    Py_ssize_t len, cap;
+} Allocators;
+
+static Py_ssize_t allocator_of(Allocators *all, PyObject *device, int create) {
+    PyObject *found = PyDict_GetItemWithError(all->index, device);
+    if (found) return PyLong_AsSsize_t(found);
+    if (PyErr_Occurred() || !create) return -1;
+    if (grow((void **)&all->items, &all->cap, all->len + 1, sizeof(BFC)) < 0) return -1;
+    bfc_init(&all->items[all->len]);
+    PyObject *pos = PyLong_FromSsize_t(all->len);
+    if (!pos || PyDict_SetItem(all->index, device, pos) < 0) {
+        Py_XDECREF(pos);
+        return -1;
+    }
+    Py_DECREF(pos);
+    return all->len++;
+}
+
+/* an event's allocator and chunk, as the value of a handle */
+static PyObject *handle(Py_ssize_t allocator, int32_t chunk) {
+    return PyLong_FromLongLong(((long long)allocator << 32) | (uint32_t)chunk);
+}
+
+static int free_handle(Allocators *all, PyObject *value) {
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return bfc_free(&all->items[v >> 32], (int32_t)(v & 0xffffffffLL));
+}
+
+/* PyDict_Pop (Python 3.13) for older Pythons: *found is a new reference or NULL */
+static int dict_pop(PyObject *dict, PyObject *key, PyObject **found) {
+    *found = PyDict_GetItemWithError(dict, key);
+    if (!*found) return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(*found);
+    if (PyDict_DelItem(dict, key) < 0) {
+        Py_CLEAR(*found);
+        return -1;
+    }
+    return 0;
+}
+
+static int event_fields(PyObject *ev, Py_ssize_t *size) {
+    if (!PyTuple_Check(ev)) {
+        PyErr_SetString(PyExc_TypeError, "replay_step: events are tuples");
+        return -1;
+    }
+    *size = PyTuple_GET_SIZE(ev);
+    return 0;
+}
+
+/* bfc.replay_step: the first step (grows the regions), then the measured one */
+static PyObject *replay_step(PyObject *self, PyObject *args) {
+    PyObject *events, *persistent, *host;
+    int keep_timeline;
+    if (!PyArg_ParseTuple(args, "O!O!Op", &PyList_Type, &events, &PyList_Type, &persistent,
+                          &host, &keep_timeline))
+        return NULL;
+    Allocators all = {NULL, NULL, 0, 0};
+    PyObject *handles = NULL, *timeline = NULL, *peak_dev = NULL, *result = NULL;
+    int64_t *base = NULL;
+    all.index = PyDict_New();
+    if (!all.index) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(persistent); i++) {
+        PyObject *item = PyList_GET_ITEM(persistent, i);
+        PyObject *dev, *nbytes;
+        if (!PyArg_ParseTuple(item, "OO", &dev, &nbytes)) goto done;
+        Py_ssize_t a = allocator_of(&all, dev, 1);
+        if (a < 0) goto done;
+        long long b = PyLong_AsLongLong(nbytes);
+        if (b == -1 && PyErr_Occurred()) goto done;
+        if (bfc_allocate(&all.items[a], b) < 0) goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        Py_ssize_t len;
+        if (event_fields(ev, &len) < 0) goto done;
+        if (len == 4 && allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 1) < 0) goto done;
+    }
+    Py_ssize_t hosted = -1;
+    if (host != Py_None) {
+        PyObject *found = PyDict_GetItemWithError(all.index, host);
+        if (found) hosted = PyLong_AsSsize_t(found);
+        else if (PyErr_Occurred()) goto done;
+    }
+    /* the first step: the allocators' regions grow to what it needs */
+    for (int measured = 0; measured < 2; measured++) {
+        int64_t step = 0, start = 0, peak = 0, peak_pos = 0;
+        Py_CLEAR(handles);
+        handles = PyDict_New();
+        if (!handles) goto done;
+        if (measured) {
+            base = PyMem_Calloc((size_t)all.len + 1, sizeof(int64_t));
+            if (!base) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t a = 0; a < all.len; a++) {
+                base[a] = all.items[a].peak = all.items[a].in_use;
+                if (a != hosted) step += all.items[a].in_use;
+            }
+            start = step;
+            if (keep_timeline && !(timeline = PyList_New(0))) goto done;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *ev = PyList_GET_ITEM(events, i);
+            Py_ssize_t len = PyTuple_GET_SIZE(ev);
+            if (len == 4) {
+                Py_ssize_t a = allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 0);
+                if (a < 0) goto done;
+                long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
+                if (b == -1 && PyErr_Occurred()) goto done;
+                BFC *alloc = &all.items[a];
+                int64_t before = alloc->in_use;
+                int32_t chunk = bfc_allocate(alloc, b);
+                if (chunk < 0) goto done;
+                PyObject *h = handle(a, chunk);
+                if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
+                    Py_XDECREF(h);
+                    goto done;
+                }
+                Py_DECREF(h);
+                if (measured && a != hosted) {
+                    step += alloc->in_use - before;
+                    if (step - start > peak) {
+                        peak = step - start;
+                        peak_pos = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 3));
+                        if (peak_pos == -1 && PyErr_Occurred()) goto done;
+                    }
+                }
+            } else if (len == 1) {
+                if (measured && keep_timeline) {
+                    PyObject *v = PyLong_FromLongLong(step - start);
+                    if (!v || PyList_Append(timeline, v) < 0) {
+                        Py_XDECREF(v);
+                        goto done;
+                    }
+                    Py_DECREF(v);
+                }
+            } else if (len == 2 || measured) {
+                PyObject *found = NULL;
+                if (len < 1) {
+                    PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
+                    goto done;
+                }
+                if (dict_pop(handles, PyTuple_GET_ITEM(ev, 0), &found) < 0) goto done;
+                if (found) {
+                    long long v = PyLong_AsLongLong(found);
+                    Py_DECREF(found);
+                    if (v == -1 && PyErr_Occurred()) goto done;
+                    Py_ssize_t a = (Py_ssize_t)(v >> 32);
+                    BFC *alloc = &all.items[a];
+                    int64_t before = alloc->in_use;
+                    if (bfc_free(alloc, (int32_t)(v & 0xffffffffLL)) < 0) goto done;
+                    if (measured && a != hosted) step += alloc->in_use - before;
+                }
+            }
+        }
+        if (!measured) { /* everything the first step allocated is free again */
+            PyObject *key, *value;
+            Py_ssize_t pos = 0;
+            while (PyDict_Next(handles, &pos, &key, &value)) {
+                if (free_handle(&all, value) < 0) goto done;
+            }
+        } else {
+            peak_dev = PyDict_New();
+            if (!peak_dev) goto done;
+            PyObject *dev, *value;
+            Py_ssize_t pos = 0;
+            while (PyDict_Next(all.index, &pos, &dev, &value)) {
+                Py_ssize_t a = PyLong_AsSsize_t(value);
+                if (all.items[a].peak > base[a]) {
+                    PyObject *v = PyLong_FromLongLong(all.items[a].peak - base[a]);
+                    if (!v || PyDict_SetItem(peak_dev, dev, v) < 0) {
+                        Py_XDECREF(v);
+                        goto done;
+                    }
+                    Py_DECREF(v);
+                }
+            }
+            int64_t host_peak = hosted >= 0 ? all.items[hosted].peak - base[hosted] : 0;
+            result = Py_BuildValue("LLOLO", (long long)peak, (long long)peak_pos, peak_dev,
+                                   (long long)host_peak, timeline ? timeline : Py_None);
+        }
+    }
+done:
+    Py_XDECREF(handles);
+    Py_XDECREF(timeline);
+    Py_XDECREF(peak_dev);
+    Py_XDECREF(all.index);
+    for (Py_ssize_t a = 0; a < all.len; a++) bfc_clear(&all.items[a]);
+    PyMem_Free(all.items);
+    PyMem_Free(base);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Kahn's topological sort (graphmem/graph/index.py, GraphIndex._kahn)                  */
+/* ------------------------------------------------------------------------------------ */
+
+static int node_id(PyObject *item, Py_ssize_t n, Py_ssize_t *out) {
+    Py_ssize_t v = PyLong_AsSsize_t(item);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v >= n) {
+        PyErr_SetString(PyExc_IndexError, "kahn: an edge names a node out of range");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The source of data input t, a (node id, output index) tuple. */
+static int tensor_source(PyObject *t, Py_ssize_t n, Py_ssize_t *out) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) {
+        PyErr_SetString(PyExc_TypeError, "kahn: data inputs are (node, output) tuples");
+        return -1;
+    }
+    return node_id(PyTuple_GET_ITEM(t, 0), n, out);
+}
+
+static PyObject *int_list(const Py_ssize_t *values, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromSsize_t(values[i]);
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+/* kahn(data_inputs, control_inputs) -> (order, indeg): the ready ops first in, first out;
+ * each op's successors in the order of the ops reading it (data inputs, then control) */
+static PyObject *kahn(PyObject *self, PyObject *args) {
+    PyObject *data, *ctrl;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &data, &PyList_Type, &ctrl)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(data);
+    if (PyList_GET_SIZE(ctrl) != n) {
+        PyErr_SetString(PyExc_ValueError, "kahn: one control list per node");
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t *start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    Py_ssize_t *indeg = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    Py_ssize_t *order = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *succ = NULL, *fill = NULL;
+    if (!start || !indeg || !order) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* successor counts, then their lists in node order */
+    Py_ssize_t edges = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyList_GET_ITEM(data, i), *c = PyList_GET_ITEM(ctrl, i);
+        if (!PyList_Check(d) || !PyList_Check(c)) {
+            PyErr_SetString(PyExc_TypeError, "kahn: inputs are lists");
+            goto done;
+        }
+        Py_ssize_t s;
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(d); k++) {
+            if (tensor_source(PyList_GET_ITEM(d, k), n, &s) < 0) goto done;
+            start[s + 1]++;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(c); k++) {
+            if (node_id(PyList_GET_ITEM(c, k), n, &s) < 0) goto done;
+            start[s + 1]++;
+        }
+        indeg[i] = PyList_GET_SIZE(d) + PyList_GET_SIZE(c);
+        edges += indeg[i];
+    }
+    for (Py_ssize_t i = 0; i < n; i++) start[i + 1] += start[i];
+    succ = PyMem_Malloc(((size_t)edges + 1) * sizeof(Py_ssize_t));
+    fill = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    if (!succ || !fill) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(fill, start, (size_t)n * sizeof(Py_ssize_t));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyList_GET_ITEM(data, i), *c = PyList_GET_ITEM(ctrl, i);
+        Py_ssize_t s;
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(d); k++) {
+            tensor_source(PyList_GET_ITEM(d, k), n, &s);
+            succ[fill[s]++] = i;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(c); k++) {
+            node_id(PyList_GET_ITEM(c, k), n, &s);
+            succ[fill[s]++] = i;
+        }
+    }
+    Py_ssize_t head = 0, tail = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!indeg[i]) order[tail++] = i;
+    while (head < tail) {
+        Py_ssize_t i = order[head++];
+        for (Py_ssize_t e = start[i]; e < start[i + 1]; e++) {
+            Py_ssize_t j = succ[e];
+            if (!--indeg[j]) order[tail++] = j;
+        }
+    }
+    PyObject *order_list = int_list(order, tail), *indeg_list = int_list(indeg, n);
+    if (order_list && indeg_list) result = PyTuple_Pack(2, order_list, indeg_list);
+    Py_XDECREF(order_list);
+    Py_XDECREF(indeg_list);
+done:
+    PyMem_Free(start);
+    PyMem_Free(indeg);
+    PyMem_Free(order);
+    PyMem_Free(succ);
+    PyMem_Free(fill);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Nodes and edges of a serialized GraphDef (graphmem/graph/index.py, GraphIndex.build)  */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+} Slice;
+
+typedef struct {
+    Slice name, op, device;
+    Py_ssize_t first_input, inputs; /* into the array of input slices */
+} NodeSlices;
+
+static int read_varint(const unsigned char **p, const unsigned char *end, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*p >= end) return -1;
+        unsigned char b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* One field: its number, wire type, and for a length-delimited field its bytes; other
+ * fields are skipped. -1 on malformed data. */
+static int read_field(const unsigned char **p, const unsigned char *end, uint64_t *number,
+                      Slice *bytes) {
+    uint64_t key, len;
+    if (read_varint(p, end, &key) < 0) return -1;
+    *number = key >> 3;
+    bytes->p = NULL;
+    bytes->n = 0;
+    switch (key & 7) {
+    case 0:
+        return read_varint(p, end, &len);
+    case 1:
+        if (end - *p < 8) return -1;
+        *p += 8;
+        return 0;
+    case 2:
+        if (read_varint(p, end, &len) < 0 || len > (uint64_t)(end - *p)) return -1;
+        bytes->p = (const char *)*p;
+        bytes->n = (Py_ssize_t)len;
+        *p += len;
+        return 2;
+    case 5:
+        if (end - *p < 4) return -1;
+        *p += 4;
+        return 0;
+    default: /* groups: not in a GraphDef */
+        return -1;
+    }
+}
+
+static uint64_t slice_hash(Slice s) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < s.n; i++) h = (h ^ (unsigned char)s.p[i]) * 1099511628211ULL;
+    h ^= h >> 33; /* the low bits, which pick the slot, from all of them (murmur3's mix) */
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+typedef struct {
+    Py_ssize_t *slots; /* node id + 1; 0: empty */
+    uint64_t mask;
+} NameTable;
+
+static Py_ssize_t table_find(const NameTable *t, const NodeSlices *nodes, Slice s) {
+    for (uint64_t h = slice_hash(s) & t->mask;; h = (h + 1) & t->mask) {
+        Py_ssize_t v = t->slots[h];
+        if (!v) return -1;
+        Slice name = nodes[v - 1].name;
+        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n)) return v - 1;
+    }
+}
+
+/* node i's name into the table; 0, or 1 when another node has that name */
+static int table_add(NameTable *t, const NodeSlices *nodes, Py_ssize_t i) {
+    Slice s = nodes[i].name;
+    for (uint64_t h = slice_hash(s) & t->mask;; h = (h + 1) & t->mask) {
+        Py_ssize_t v = t->slots[h];
+        if (!v) {
+            t->slots[h] = i + 1;
+            return 0;
+        }
+        Slice name = nodes[v - 1].name;
+        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n)) return 1;
+    }
+}
+
+static PyObject *decode(Slice s) { return PyUnicode_DecodeUTF8(s.p, s.n, "strict"); }
+
+/* a string shared by every node with the same one (op types, devices) */
+static PyObject *shared_string(PyObject *seen, Slice s) {
+    PyObject *str = decode(s);
+    if (!str) return NULL;
+    PyObject *kept = PyDict_SetDefault(seen, str, str);
+    Py_XINCREF(kept);
+    Py_DECREF(str);
+    return kept;
+}
+
+/* The source of an input string: its node and output index, -1 for a control input. */
+static Py_ssize_t resolve_input(const NameTable *t, const NodeSlices *nodes, Slice in,
+                                long long *k) {
+    Py_ssize_t src = table_find(t, nodes, in); /* the common case: output 0, written bare */
+    *k = 0;
+    if (src >= 0) return src;
+    if (in.n && in.p[0] == '^') {
+        *k = -1;
+        Slice name = {in.p + 1, in.n - 1};
+        return table_find(t, nodes, name);
+    }
+    Py_ssize_t colon = in.n - 1;
+    while (colon >= 0 && in.p[colon] != ':') colon--;
+    Py_ssize_t digits = in.n - colon - 1;
+    if (colon < 0 || digits < 1 || digits > 9) return -1;
+    long long v = 0;
+    for (Py_ssize_t i = colon + 1; i < in.n; i++) {
+        if (in.p[i] < '0' || in.p[i] > '9') return -1;
+        v = v * 10 + (in.p[i] - '0');
+    }
+    *k = v;
+    Slice name = {in.p, colon};
+    return table_find(t, nodes, name);
+}
+
+/* read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs,
+ * consumers, control_consumers, max_out), or ("duplicate", name) or ("missing", node id,
+ * input) for a graph GraphIndex.build rejects; ValueError for bytes that are no GraphDef. */
+static PyObject *read_graph(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+    const unsigned char *p = buf.buf, *end = p + buf.len;
+    NodeSlices *nodes = NULL;
+    Slice *inputs = NULL;
+    Py_ssize_t n = 0, nodes_cap = 0, n_inputs = 0, inputs_cap = 0;
+    NameTable table = {NULL, 0};
+    PyObject **ids = NULL;
+    Py_ssize_t *max_out = NULL;
+    PyObject *names = NULL, *ops = NULL, *devices = NULL, *data_inputs = NULL,
+             *control_inputs = NULL, *consumers = NULL, *control_consumers = NULL,
+             *seen = NULL, *result = NULL;
+    const char *malformed = "read_graph: not a serialized GraphDef";
+    while (p < end) {
+        uint64_t number;
+        Slice node;
+        int wire = read_field(&p, end, &number, &node);
+        if (wire < 0) goto bad;
+        if (number != 1 || wire != 2) continue;
+        if (grow((void **)&nodes, &nodes_cap, n + 1, sizeof(NodeSlices)) < 0) goto done;
+        NodeSlices *ns = &nodes[n++];
+        memset(ns, 0, sizeof(*ns));
+        ns->first_input = n_inputs;
+        const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
+        while (q < qend) {
+            Slice value;
+            int w = read_field(&q, qend, &number, &value);
+            if (w < 0) goto bad;
+            if (w != 2) continue;
+            if (number == 1) ns->name = value;
+            else if (number == 2) ns->op = value;
+            else if (number == 4) ns->device = value;
+            else if (number == 3) {
+                if (grow((void **)&inputs, &inputs_cap, n_inputs + 1, sizeof(Slice)) < 0)
+                    goto done;
+                inputs[n_inputs++] = value;
+                ns->inputs++;
+            }
+        }
+    }
+    uint64_t slots = 16;
+    while (slots < 2 * (uint64_t)n) slots *= 2;
+    table.mask = slots - 1;
+    table.slots = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    ids = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
+    max_out = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    if (!table.slots || !ids || !max_out) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (table_add(&table, nodes, i)) {
+            PyObject *name = decode(nodes[i].name);
+            if (name) result = Py_BuildValue("(sN)", "duplicate", name);
+            goto done;
+        }
+        if (!(ids[i] = PyLong_FromSsize_t(i))) goto done;
+    }
+    names = PyList_New(n);
+    ops = PyList_New(n);
+    devices = PyList_New(n);
+    data_inputs = PyList_New(n);
+    control_inputs = PyList_New(n);
+    control_consumers = PyList_New(n);
+    consumers = PyDict_New();
+    seen = PyDict_New();
+    if (!names || !ops || !devices || !data_inputs || !control_inputs || !control_consumers ||
+        !consumers || !seen)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v, *c;
+        if (!(v = decode(nodes[i].name))) goto done;
+        PyList_SET_ITEM(names, i, v);
+        if (!(v = shared_string(seen, nodes[i].op))) goto done;
+        PyList_SET_ITEM(ops, i, v);
+        if (!(v = shared_string(seen, nodes[i].device))) goto done;
+        PyList_SET_ITEM(devices, i, v);
+        if (!(c = PyList_New(0))) goto done;
+        PyList_SET_ITEM(control_consumers, i, c);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *data = PyList_New(0), *ctrl = PyList_New(0);
+        if (!data || !ctrl) {
+            Py_XDECREF(data);
+            Py_XDECREF(ctrl);
+            goto done;
+        }
+        PyList_SET_ITEM(data_inputs, i, data);
+        PyList_SET_ITEM(control_inputs, i, ctrl);
+        for (Py_ssize_t e = 0; e < nodes[i].inputs; e++) {
+            Slice in = inputs[nodes[i].first_input + e];
+            long long k;
+            Py_ssize_t src = resolve_input(&table, nodes, in, &k);
+            if (src < 0) {
+                PyObject *text = decode(in);
+                if (text) result = Py_BuildValue("(snN)", "missing", i, text);
+                goto done;
+            }
+            if (k < 0) {
+                if (PyList_Append(ctrl, ids[src]) < 0 ||
+                    PyList_Append(PyList_GET_ITEM(control_consumers, src), ids[i]) < 0)
+                    goto done;
+                continue;
+            }
+            PyObject *kk = PyLong_FromLongLong(k);
+            if (!kk) goto done;
+            PyObject *t = PyTuple_Pack(2, ids[src], kk);
+            Py_DECREF(kk);
+            if (!t) goto done;
+            int rc = PyList_Append(data, t);
+            PyObject *readers = rc < 0 ? NULL : PyDict_GetItemWithError(consumers, t);
+            if (rc >= 0 && readers) {
+                rc = PyList_Append(readers, ids[i]);
+            } else if (rc >= 0 && !PyErr_Occurred()) {
+                PyObject *list = PyList_New(1);
+                if (!list) rc = -1;
+                else {
+                    Py_INCREF(ids[i]);
+                    PyList_SET_ITEM(list, 0, ids[i]);
+                    rc = PyDict_SetItem(consumers, t, list);
+                    Py_DECREF(list);
+                }
+            } else {
+                rc = -1;
+            }
+            Py_DECREF(t);
+            if (rc < 0) goto done;
+            if (k >= max_out[src]) max_out[src] = (Py_ssize_t)k + 1;
+        }
+    }
+    PyObject *max_list = int_list(max_out, n);
+    if (!max_list) goto done;
+    result = Py_BuildValue("(OOOOOOON)", names, ops, devices, data_inputs, control_inputs,
+                           consumers, control_consumers, max_list);
+    goto done;
+bad:
+    PyErr_SetString(PyExc_ValueError, malformed);
+done:
+    if (ids)
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(ids[i]);
+    PyMem_Free(ids);
+    PyMem_Free(max_out);
+    PyMem_Free(table.slots);
+    PyMem_Free(nodes);
+    PyMem_Free(inputs);
+    Py_XDECREF(names);
+    Py_XDECREF(ops);
+    Py_XDECREF(devices);
+    Py_XDECREF(data_inputs);
+    Py_XDECREF(control_inputs);
+    Py_XDECREF(consumers);
+    Py_XDECREF(control_consumers);
+    Py_XDECREF(seen);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
+
+static PyMethodDef methods[] = {
+    {"replay_step", replay_step, METH_VARARGS,
+     "replay_step(events, persistent, host, keep_timeline) -> (peak, peak_pos, peak_dev, "
+     "host_peak, timeline): bfc.replay_step, compiled."},
+    {"kahn", kahn, METH_VARARGS,
+     "kahn(data_inputs, control_inputs) -> (order, indeg): GraphIndex._kahn, compiled."},
+    {"read_graph", read_graph, METH_VARARGS,
+     "read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs, "
+     "consumers, control_consumers, max_out): GraphIndex.build's reading of nodes, compiled."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "graphmem._native",
+                                    "Compiled hot loops of graphmem (see graphmem/native.py).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
