@@ -837,6 +837,153 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* The executor's order (graphmem/analysis/schedule.py, _StepGraph.walk without loops)   */
+/* ------------------------------------------------------------------------------------ */
+
+/* A double-ended queue of node ids; every op enters the walk's queues once. */
+typedef struct {
+    Py_ssize_t *items, cap, head, len;
+} Deque;
+
+static inline void dq_push(Deque *q, Py_ssize_t v) { q->items[(q->head + q->len++) % q->cap] = v; }
+static inline Py_ssize_t dq_popleft(Deque *q) {
+    Py_ssize_t v = q->items[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    return v;
+}
+static inline Py_ssize_t dq_pop(Deque *q) { return q->items[(q->head + --q->len) % q->cap]; }
+
+static int cmp_ids(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order */
+static PyObject *executor_walk(PyObject *self, PyObject *args) {
+    PyObject *succ_lists, *indeg_list, *sources;
+    Py_buffer cheap, transparent;
+    int function_body, fifo;
+    if (!PyArg_ParseTuple(args, "O!O!y*y*O!pp", &PyList_Type, &succ_lists, &PyList_Type,
+                          &indeg_list, &cheap, &transparent, &PyList_Type, &sources,
+                          &function_body, &fifo))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(succ_lists);
+    PyObject *result = NULL;
+    Py_ssize_t *start = NULL, *succ = NULL, *indeg = NULL, *order = NULL, *ready = NULL,
+               *removed = NULL;
+    Deque inline_q = {NULL, 0, 0, 0}, tasks = {NULL, 0, 0, 0};
+    const char *c = cheap.buf, *t = transparent.buf;
+    if (PyList_GET_SIZE(indeg_list) != n || cheap.len < n || transparent.len < n) {
+        PyErr_SetString(PyExc_ValueError, "executor_walk: one entry per node");
+        goto done;
+    }
+    start = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    indeg = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    order = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    ready = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    removed = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    inline_q.items = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    tasks.items = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    if (!start || !indeg || !order || !ready || !removed || !inline_q.items || !tasks.items) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    inline_q.cap = tasks.cap = n + 1;
+    Py_ssize_t edges = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *l = PyList_GET_ITEM(succ_lists, i);
+        if (!PyList_Check(l)) {
+            PyErr_SetString(PyExc_TypeError, "executor_walk: successors are lists");
+            goto done;
+        }
+        edges += PyList_GET_SIZE(l);
+        start[i + 1] = edges;
+        indeg[i] = PyLong_AsSsize_t(PyList_GET_ITEM(indeg_list, i));
+        if (indeg[i] == -1 && PyErr_Occurred()) goto done;
+    }
+    succ = PyMem_Malloc(((size_t)edges + 1) * sizeof(Py_ssize_t));
+    if (!succ) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *l = PyList_GET_ITEM(succ_lists, i);
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(l); k++)
+            if (node_id(PyList_GET_ITEM(l, k), n, &succ[start[i] + k]) < 0) goto done;
+    }
+    Py_ssize_t n_sources = PyList_GET_SIZE(sources);
+    if (n_sources > n) {
+        PyErr_SetString(PyExc_ValueError, "executor_walk: more sources than nodes");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n_sources; k++) {
+        Py_ssize_t v;
+        /* a function body's sources all run inline first, in topological order (the list
+         * holds them reversed); a TF1 graph's are dispatched as tasks */
+        Py_ssize_t item = function_body ? n_sources - 1 - k : k;
+        if (node_id(PyList_GET_ITEM(sources, item), n, &v) < 0) goto done;
+        dq_push(function_body ? &inline_q : &tasks, v);
+    }
+    Py_ssize_t len = 0;
+    while (tasks.len || inline_q.len) {
+        if (!inline_q.len) dq_push(&inline_q, fifo ? dq_popleft(&tasks) : dq_pop(&tasks));
+        Py_ssize_t i = dq_popleft(&inline_q);
+        if (len >= n) break; /* an op twice: malformed input, stop */
+        order[len++] = i;
+        /* the ops i made ready, through ops Grappler removes (they complete at once) */
+        Py_ssize_t n_ready = 0, n_removed = 0, x = i;
+        for (;;) {
+            for (Py_ssize_t e = start[x]; e < start[x + 1]; e++) {
+                Py_ssize_t j = succ[e];
+                if (--indeg[j]) continue;
+                if (t[j]) {
+                    if (len >= n) goto overflow;
+                    order[len++] = j;
+                    removed[n_removed++] = j;
+                } else {
+                    ready[n_ready++] = j;
+                }
+            }
+            if (!n_removed) break;
+            x = removed[--n_removed];
+        }
+        if (n_ready > 1) qsort(ready, (size_t)n_ready, sizeof(Py_ssize_t), cmp_ids);
+        Py_ssize_t expensive = -1;
+        for (Py_ssize_t k = 0; k < n_ready; k++) {
+            Py_ssize_t j = ready[k];
+            if (c[j]) {
+                dq_push(&inline_q, j);
+            } else {
+                if (expensive >= 0) dq_push(&tasks, expensive);
+                expensive = j;
+            }
+        }
+        if (expensive >= 0) {
+            if (inline_q.len) dq_push(&tasks, expensive);
+            else dq_push(&inline_q, expensive); /* nothing inexpensive first: it runs next */
+        }
+        if (inline_q.len + tasks.len > n) goto overflow;
+    }
+    result = int_list(order, len);
+    goto done;
+overflow:
+    PyErr_SetString(PyExc_ValueError, "executor_walk: an op became ready twice");
+done:
+    PyBuffer_Release(&cheap);
+    PyBuffer_Release(&transparent);
+    PyMem_Free(start);
+    PyMem_Free(succ);
+    PyMem_Free(indeg);
+    PyMem_Free(order);
+    PyMem_Free(ready);
+    PyMem_Free(removed);
+    PyMem_Free(inline_q.items);
+    PyMem_Free(tasks.items);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"replay_step", replay_step, METH_VARARGS,
@@ -847,6 +994,9 @@ static PyMethodDef methods[] = {
     {"read_graph", read_graph, METH_VARARGS,
      "read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs, "
      "consumers, control_consumers, max_out): GraphIndex.build's reading of nodes, compiled."},
+    {"executor_walk", executor_walk, METH_VARARGS,
+     "executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order: "
+     "schedule._StepGraph.walk of a graph without v1 loops, compiled."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -240,3 +240,47 @@ def test_read_graph_rejects_bytes_that_are_no_graph():
     with pytest.raises(ValueError):
         native.read_graph(b"\x0a\xff\xff\xff")  # a node longer than the bytes
     assert native.read_graph(b"")[0] == []  # an empty GraphDef
+
+
+def _random_step_graph(rng: random.Random, n: int, function_body: bool):
+    """Ops of every kind the walk tells apart: inexpensive kernels, small and large
+    outputs (inexpensive once TF learns their cost), NoOps and Identities with control
+    inputs (Grappler removes them), several sources (`_Arg`s in a function body)."""
+    from tests.graphbuilder import G
+
+    g = G()
+    kinds = ["MatMul", "Relu", "Identity", "Shape", "NoOp", "AddV2", "Conv2D", "Reshape"]
+    for i in range(n):
+        name = f"n{i}"
+        if i < 3 or rng.random() < 0.03:
+            g.op(name, "_Arg" if function_body else "Placeholder", shape=(8,))
+            continue
+        srcs = sorted({f"n{rng.randrange(i)}" for _ in range(1 + rng.randrange(3))})
+        ctrl = [f"^n{rng.randrange(i)}"] if rng.random() < 0.2 else []
+        op = rng.choice(kinds)
+        shape = (rng.choice([4, 4096]),)
+        g.op(name, op, *([] if op == "NoOp" else srcs), *ctrl, shape=shape)
+    return g.index()
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_executor_walk_agrees_with_the_python_walk(seed, monkeypatch):
+    from graphmem.analysis import schedule
+
+    rng = random.Random(seed)
+    ix = _random_step_graph(rng, 300 + 150 * seed, function_body=seed % 2 == 1)
+    bypassed = set(rng.sample(range(len(ix)), 5))
+    nodes = set(range(len(ix))) - {len(ix) - 1} if seed % 3 == 0 else None
+    compiled = schedule.executor_orders(ix, nodes, 4, bypassed)
+    for warm_up in (False, True):
+        for fifo in (False, True):
+            walked = schedule.executor_order(ix, nodes, 4, bypassed, warm_up, fifo)
+            with monkeypatch.context() as m:
+                m.setattr(schedule, "native", None)
+                assert walked == schedule.executor_order(ix, nodes, 4, bypassed, warm_up,
+                                                         fifo)
+    monkeypatch.setattr(schedule, "native", None)
+    reference = schedule.executor_orders(ix, nodes, 4, bypassed)
+    assert compiled == reference
+    assert sorted(compiled[0][1]) == sorted(nodes if nodes is not None else range(len(ix)))

@@ -43,6 +43,7 @@ from collections import deque
 from itertools import compress
 
 from graphmem.graph.index import GraphIndex
+from graphmem.native import native
 
 # Kernels TF marks inexpensive, or that only forward or describe a buffer.
 CHEAP_OPS = frozenset({
@@ -145,9 +146,21 @@ class _StepGraph:
         self.has_loops = any(index.frame)  # v1 loops (asked once, not per walk)
 
     def walk(self, warm_up: bool = False, fifo: bool = False) -> list[int]:
+        index, member = self.index, self.member
+        cheap = self.inexpensive if warm_up else self.learned
+        if native is not None and not self.has_loops:  # the same walk in C (native.py)
+            order = native.executor_walk(self.succ, self.indeg, cheap, self.transparent,
+                                         self.sources, self.function_body, fifo)
+        else:
+            order = self._walk(cheap, fifo)
+        if len(order) != sum(member):  # should not happen on an indexed graph: keep every op
+            seen = set(order)
+            order.extend(i for i in index.topo if member[i] and i not in seen)
+        return order
+
+    def _walk(self, cheap: bytearray, fifo: bool) -> list[int]:
         index, member, succ, transparent = self.index, self.member, self.succ, self.transparent
         indeg = list(self.indeg)
-        cheap = self.inexpensive if warm_up else self.learned
         tasks: deque[int] = deque()
         inline: deque[int] = deque()
         if self.function_body:
@@ -205,9 +218,6 @@ class _StepGraph:
             if not loops.active or not loops.parked:
                 break
             inline.extend(loops.release_all())  # a body op that never ran: do not stall
-        if len(order) != sum(member):  # should not happen on an indexed graph: keep every op
-            seen = set(order)
-            order.extend(i for i in index.topo if member[i] and i not in seen)
         return order
 
 
