@@ -552,6 +552,12 @@ typedef struct {
 } Slice;
 
 typedef struct {
+    long long k;
+    PyObject *tuple, *readers; /* (node, k) and its consumers' list */
+    Py_ssize_t next;           /* the node's next tensor read so far; -1: none */
+} TensorEntry;
+
+typedef struct {
     Slice name, op, device;
     Py_ssize_t first_input, inputs; /* into the array of input slices */
 } NodeSlices;
@@ -610,56 +616,92 @@ static uint64_t slice_hash(Slice s) {
     return h;
 }
 
+/* Node names by their bytes: open addressing, linear probing. A slot holds the name's
+ * node id + 1 (0: empty) in its low 32 bits and the top half of the name's hash in the
+ * high ones, so that a probe that cannot match reads no name: on a 1M-node graph each read
+ * of a name is a cache miss. */
 typedef struct {
-    Py_ssize_t *slots; /* node id + 1; 0: empty */
+    uint64_t *slots;
+    const Slice *names; /* per node id */
     uint64_t mask;
 } NameTable;
 
-static Py_ssize_t table_find(const NameTable *t, const NodeSlices *nodes, Slice s) {
-    for (uint64_t h = slice_hash(s) & t->mask;; h = (h + 1) & t->mask) {
-        Py_ssize_t v = t->slots[h];
+static Py_ssize_t table_find(const NameTable *t, Slice s) {
+    uint64_t h = slice_hash(s), tag = h >> 32;
+    for (uint64_t at = h & t->mask;; at = (at + 1) & t->mask) {
+        uint64_t v = t->slots[at];
         if (!v) return -1;
-        Slice name = nodes[v - 1].name;
-        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n)) return v - 1;
+        if (v >> 32 != tag) continue;
+        Slice name = t->names[(v & 0xffffffffu) - 1];
+        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n))
+            return (Py_ssize_t)(v & 0xffffffffu) - 1;
     }
 }
 
 /* node i's name into the table; 0, or 1 when another node has that name */
-static int table_add(NameTable *t, const NodeSlices *nodes, Py_ssize_t i) {
-    Slice s = nodes[i].name;
-    for (uint64_t h = slice_hash(s) & t->mask;; h = (h + 1) & t->mask) {
-        Py_ssize_t v = t->slots[h];
+static int table_add(NameTable *t, Py_ssize_t i) {
+    Slice s = t->names[i];
+    uint64_t h = slice_hash(s), tag = h >> 32;
+    for (uint64_t at = h & t->mask;; at = (at + 1) & t->mask) {
+        uint64_t v = t->slots[at];
         if (!v) {
-            t->slots[h] = i + 1;
+            t->slots[at] = tag << 32 | (uint64_t)(i + 1);
             return 0;
         }
-        Slice name = nodes[v - 1].name;
+        if (v >> 32 != tag) continue;
+        Slice name = t->names[(v & 0xffffffffu) - 1];
         if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n)) return 1;
     }
 }
 
 static PyObject *decode(Slice s) { return PyUnicode_DecodeUTF8(s.p, s.n, "strict"); }
 
-/* a string shared by every node with the same one (op types, devices) */
-static PyObject *shared_string(PyObject *seen, Slice s) {
+/* Strings many nodes share (op types, devices): a few dozen distinct values, each decoded
+ * once and handed out again to every node whose bytes match. */
+typedef struct {
+    Slice *bytes;
+    PyObject **strings;
+    Py_ssize_t len, cap, strings_cap;
+} SharedStrings;
+
+static PyObject *shared_string(SharedStrings *seen, Slice s) {
+    for (Py_ssize_t k = seen->len - 1; k >= 0; k--) { /* the latest first */
+        Slice b = seen->bytes[k];
+        if (b.n == s.n && !memcmp(b.p, s.p, (size_t)s.n)) {
+            Py_INCREF(seen->strings[k]);
+            return seen->strings[k];
+        }
+    }
     PyObject *str = decode(s);
     if (!str) return NULL;
-    PyObject *kept = PyDict_SetDefault(seen, str, str);
-    Py_XINCREF(kept);
-    Py_DECREF(str);
-    return kept;
+    if (seen->len >= 64) return str; /* many distinct values: each node its own */
+    if (grow((void **)&seen->bytes, &seen->cap, seen->len + 1, sizeof(Slice)) < 0 ||
+        grow((void **)&seen->strings, &seen->strings_cap, seen->len + 1, sizeof(PyObject *)) < 0) {
+        Py_DECREF(str);
+        return NULL;
+    }
+    seen->bytes[seen->len] = s;
+    seen->strings[seen->len++] = str;
+    Py_INCREF(str);
+    return str;
+}
+
+static void shared_strings_clear(SharedStrings *seen) {
+    for (Py_ssize_t k = 0; k < seen->len; k++) Py_DECREF(seen->strings[k]);
+    PyMem_Free(seen->bytes);
+    PyMem_Free(seen->strings);
 }
 
 /* The source of an input string: its node and output index, -1 for a control input. */
-static Py_ssize_t resolve_input(const NameTable *t, const NodeSlices *nodes, Slice in,
+static Py_ssize_t resolve_input(const NameTable *t, Slice in,
                                 long long *k) {
-    Py_ssize_t src = table_find(t, nodes, in); /* the common case: output 0, written bare */
+    Py_ssize_t src = table_find(t, in); /* the common case: output 0, written bare */
     *k = 0;
     if (src >= 0) return src;
     if (in.n && in.p[0] == '^') {
         *k = -1;
         Slice name = {in.p + 1, in.n - 1};
-        return table_find(t, nodes, name);
+        return table_find(t, name);
     }
     Py_ssize_t colon = in.n - 1;
     while (colon >= 0 && in.p[colon] != ':') colon--;
@@ -672,7 +714,7 @@ static Py_ssize_t resolve_input(const NameTable *t, const NodeSlices *nodes, Sli
     }
     *k = v;
     Slice name = {in.p, colon};
-    return table_find(t, nodes, name);
+    return table_find(t, name);
 }
 
 /* read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs,
@@ -685,12 +727,16 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     NodeSlices *nodes = NULL;
     Slice *inputs = NULL;
     Py_ssize_t n = 0, nodes_cap = 0, n_inputs = 0, inputs_cap = 0;
-    NameTable table = {NULL, 0};
+    NameTable table = {NULL, NULL, 0};
+    Slice *name_slices = NULL;
+    Py_ssize_t *tensor_head = NULL, n_tensors = 0, tensors_cap = 0;
+    TensorEntry *tensors = NULL;
     PyObject **ids = NULL;
     Py_ssize_t *max_out = NULL;
     PyObject *names = NULL, *ops = NULL, *devices = NULL, *data_inputs = NULL,
              *control_inputs = NULL, *consumers = NULL, *control_consumers = NULL,
-             *seen = NULL, *result = NULL;
+             *result = NULL;
+    SharedStrings seen = {NULL, NULL, 0, 0, 0};
     const char *malformed = "read_graph: not a serialized GraphDef";
     while (p < end) {
         uint64_t number;
@@ -722,15 +768,26 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     uint64_t slots = 16;
     while (slots < 2 * (uint64_t)n) slots *= 2;
     table.mask = slots - 1;
-    table.slots = PyMem_Calloc(slots, sizeof(Py_ssize_t));
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "read_graph: too many nodes");
+        goto done;
+    }
+    table.slots = PyMem_Calloc(slots, sizeof(uint64_t));
+    name_slices = PyMem_Malloc(((size_t)n + 1) * sizeof(Slice));
+    if (name_slices)
+        for (Py_ssize_t i = 0; i < n; i++) name_slices[i] = nodes[i].name;
+    table.names = name_slices;
     ids = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
     max_out = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
-    if (!table.slots || !ids || !max_out) {
+    tensor_head = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    if (tensor_head)
+        for (Py_ssize_t i = 0; i < n; i++) tensor_head[i] = -1;
+    if (!table.slots || !name_slices || !ids || !max_out || !tensor_head) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (table_add(&table, nodes, i)) {
+        if (table_add(&table, i)) {
             PyObject *name = decode(nodes[i].name);
             if (name) result = Py_BuildValue("(sN)", "duplicate", name);
             goto done;
@@ -743,18 +800,17 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     data_inputs = PyList_New(n);
     control_inputs = PyList_New(n);
     control_consumers = PyList_New(n);
-    consumers = PyDict_New();
-    seen = PyDict_New();
+    consumers = _PyDict_NewPresized(n_inputs); /* no resizing on the way */
     if (!names || !ops || !devices || !data_inputs || !control_inputs || !control_consumers ||
-        !consumers || !seen)
+        !consumers)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v, *c;
         if (!(v = decode(nodes[i].name))) goto done;
         PyList_SET_ITEM(names, i, v);
-        if (!(v = shared_string(seen, nodes[i].op))) goto done;
+        if (!(v = shared_string(&seen, nodes[i].op))) goto done;
         PyList_SET_ITEM(ops, i, v);
-        if (!(v = shared_string(seen, nodes[i].device))) goto done;
+        if (!(v = shared_string(&seen, nodes[i].device))) goto done;
         PyList_SET_ITEM(devices, i, v);
         if (!(c = PyList_New(0))) goto done;
         PyList_SET_ITEM(control_consumers, i, c);
@@ -771,7 +827,7 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
         for (Py_ssize_t e = 0; e < nodes[i].inputs; e++) {
             Slice in = inputs[nodes[i].first_input + e];
             long long k;
-            Py_ssize_t src = resolve_input(&table, nodes, in, &k);
+            Py_ssize_t src = resolve_input(&table, in, &k);
             if (src < 0) {
                 PyObject *text = decode(in);
                 if (text) result = Py_BuildValue("(snN)", "missing", i, text);
@@ -783,29 +839,33 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
                     goto done;
                 continue;
             }
-            PyObject *kk = PyLong_FromLongLong(k);
-            if (!kk) goto done;
-            PyObject *t = PyTuple_Pack(2, ids[src], kk);
-            Py_DECREF(kk);
-            if (!t) goto done;
-            int rc = PyList_Append(data, t);
-            PyObject *readers = rc < 0 ? NULL : PyDict_GetItemWithError(consumers, t);
-            if (rc >= 0 && readers) {
-                rc = PyList_Append(readers, ids[i]);
-            } else if (rc >= 0 && !PyErr_Occurred()) {
-                PyObject *list = PyList_New(1);
-                if (!list) rc = -1;
-                else {
-                    Py_INCREF(ids[i]);
-                    PyList_SET_ITEM(list, 0, ids[i]);
-                    rc = PyDict_SetItem(consumers, t, list);
-                    Py_DECREF(list);
+            /* the tensor's tuple and reader list, made at its first reader (when the
+             * dictionary gets it, as in Python); later readers find them by their node */
+            Py_ssize_t e = tensor_head[src];
+            while (e >= 0 && tensors[e].k != k) e = tensors[e].next;
+            if (e < 0) {
+                if (grow((void **)&tensors, &tensors_cap, n_tensors + 1, sizeof(TensorEntry)) < 0)
+                    goto done;
+                PyObject *kk = PyLong_FromLongLong(k);
+                PyObject *t = kk ? PyTuple_Pack(2, ids[src], kk) : NULL;
+                Py_XDECREF(kk);
+                PyObject *readers = t ? PyList_New(0) : NULL;
+                if (!readers || PyDict_SetItem(consumers, t, readers) < 0) {
+                    Py_XDECREF(t);
+                    Py_XDECREF(readers);
+                    goto done;
                 }
-            } else {
-                rc = -1;
+                Py_DECREF(readers); /* the dictionary holds it */
+                e = n_tensors++;
+                tensors[e].k = k;
+                tensors[e].tuple = t; /* released at the end */
+                tensors[e].readers = readers;
+                tensors[e].next = tensor_head[src];
+                tensor_head[src] = e;
             }
-            Py_DECREF(t);
-            if (rc < 0) goto done;
+            if (PyList_Append(data, tensors[e].tuple) < 0 ||
+                PyList_Append(tensors[e].readers, ids[i]) < 0)
+                goto done;
             if (k >= max_out[src]) max_out[src] = (Py_ssize_t)k + 1;
         }
     }
@@ -822,6 +882,10 @@ done:
     PyMem_Free(ids);
     PyMem_Free(max_out);
     PyMem_Free(table.slots);
+    PyMem_Free(name_slices);
+    for (Py_ssize_t e = 0; e < n_tensors; e++) Py_DECREF(tensors[e].tuple);
+    PyMem_Free(tensors);
+    PyMem_Free(tensor_head);
     PyMem_Free(nodes);
     PyMem_Free(inputs);
     Py_XDECREF(names);
@@ -831,7 +895,7 @@ done:
     Py_XDECREF(control_inputs);
     Py_XDECREF(consumers);
     Py_XDECREF(control_consumers);
-    Py_XDECREF(seen);
+    shared_strings_clear(&seen);
     PyBuffer_Release(&buf);
     return result;
 }
