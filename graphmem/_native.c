@@ -901,6 +901,212 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* What the attrs of nodes say (graphmem/graph/index.py, _attr_facts)                    */
+/* ------------------------------------------------------------------------------------ */
+
+/* A set of distinct values, each named by the first node that has it (its representative):
+ * open addressing over (hash tag, distinct id + 1) slots, grown at half full. */
+typedef struct {
+    uint64_t *slots, mask;
+    uint64_t *hashes;    /* per distinct value */
+    Py_ssize_t *reps;    /* per distinct value: its first node */
+    Py_ssize_t count, hashes_cap, reps_cap;
+} Distinct;
+
+typedef int (*SameValue)(const void *ctx, Py_ssize_t a, Py_ssize_t b);
+
+static void distinct_clear(Distinct *d) {
+    PyMem_Free(d->slots);
+    PyMem_Free(d->hashes);
+    PyMem_Free(d->reps);
+}
+
+static int distinct_resize(Distinct *d, uint64_t size) {
+    uint64_t *slots = PyMem_Calloc(size, sizeof(uint64_t));
+    if (!slots) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < d->count; k++) {
+        uint64_t at = d->hashes[k] & (size - 1);
+        while (slots[at]) at = (at + 1) & (size - 1);
+        slots[at] = (d->hashes[k] >> 32) << 32 | (uint64_t)(k + 1);
+    }
+    PyMem_Free(d->slots);
+    d->slots = slots;
+    d->mask = size - 1;
+    return 0;
+}
+
+/* the distinct id of node i's value of hash h (a new one when no earlier node had it) */
+static Py_ssize_t distinct_id(Distinct *d, uint64_t h, Py_ssize_t i, SameValue same,
+                              const void *ctx) {
+    if (!d->slots && distinct_resize(d, 64) < 0) return -1;
+    uint64_t tag = h >> 32, at = h & d->mask;
+    for (;; at = (at + 1) & d->mask) {
+        uint64_t v = d->slots[at];
+        if (!v) break;
+        Py_ssize_t k = (Py_ssize_t)(v & 0xffffffffu) - 1;
+        if (v >> 32 == tag && d->hashes[k] == h && same(ctx, d->reps[k], i)) return k;
+    }
+    if (grow((void **)&d->hashes, &d->hashes_cap, d->count + 1, sizeof(uint64_t)) < 0 ||
+        grow((void **)&d->reps, &d->reps_cap, d->count + 1, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    Py_ssize_t k = d->count++;
+    d->hashes[k] = h;
+    d->reps[k] = i;
+    d->slots[at] = tag << 32 | (uint64_t)(k + 1);
+    if ((uint64_t)d->count * 2 > d->mask + 1 && distinct_resize(d, 2 * (d->mask + 1)) < 0)
+        return -1;
+    return k;
+}
+
+typedef struct {
+    Slice node, op, shapes; /* the NodeDef, its op, its `_output_shapes` value */
+    int has_shapes;
+} AttrNode;
+
+static const char OUTPUT_SHAPES[] = "_output_shapes";
+
+/* The next attr entry of a NodeDef other than `_output_shapes` (-1 malformed, 0 none). */
+static int next_attr(const unsigned char **p, const unsigned char *end, Slice *entry,
+                     Slice *shapes, int *has_shapes) {
+    while (*p < end) {
+        uint64_t number;
+        int w = read_field(p, end, &number, entry);
+        if (w < 0) return -1;
+        if (w != 2 || number != 5) continue;
+        /* the entry's key and value */
+        const unsigned char *q = (const unsigned char *)entry->p, *qend = q + entry->n;
+        Slice key = {NULL, 0}, value = {NULL, 0}, field;
+        while (q < qend) {
+            int fw = read_field(&q, qend, &number, &field);
+            if (fw < 0) return -1;
+            if (fw == 2 && number == 1) key = field;
+            else if (fw == 2 && number == 2) value = field;
+        }
+        if (key.n == (Py_ssize_t)sizeof(OUTPUT_SHAPES) - 1 &&
+            !memcmp(key.p, OUTPUT_SHAPES, sizeof(OUTPUT_SHAPES) - 1)) {
+            if (shapes) {
+                *shapes = value;
+                *has_shapes = 1;
+            }
+            continue;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* nodes a and b: the same op and the same attrs, `_output_shapes` aside, in order */
+static int same_signature(const void *ctx, Py_ssize_t a, Py_ssize_t b) {
+    const AttrNode *nodes = ctx;
+    Slice oa = nodes[a].op, ob = nodes[b].op;
+    if (oa.n != ob.n || memcmp(oa.p, ob.p, (size_t)oa.n)) return 0;
+    const unsigned char *p = (const unsigned char *)nodes[a].node.p, *pend = p + nodes[a].node.n;
+    const unsigned char *q = (const unsigned char *)nodes[b].node.p, *qend = q + nodes[b].node.n;
+    for (;;) {
+        Slice ea, eb;
+        int ra = next_attr(&p, pend, &ea, NULL, NULL), rb = next_attr(&q, qend, &eb, NULL, NULL);
+        if (ra != rb || ra < 0) return 0;
+        if (!ra) return 1;
+        if (ea.n != eb.n || memcmp(ea.p, eb.p, (size_t)ea.n)) return 0;
+    }
+}
+
+static int same_shapes(const void *ctx, Py_ssize_t a, Py_ssize_t b) {
+    const AttrNode *nodes = ctx;
+    Slice x = nodes[a].shapes, y = nodes[b].shapes;
+    return x.n == y.n && !memcmp(x.p, y.p, (size_t)x.n);
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 33);
+}
+
+/* read_attrs(serialized GraphDef, start) -> (signature of each node from start on,
+ * representative node of each signature, `_output_shapes` value of each node (-1: none),
+ * the distinct values as bytes). A signature is the op and every attr but
+ * `_output_shapes`: what a node's output dtypes and statefulness can depend on. */
+static PyObject *read_attrs(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &start)) return NULL;
+    const unsigned char *p = buf.buf, *end = p + buf.len;
+    AttrNode *nodes = NULL;
+    Py_ssize_t n = 0, cap = 0, *sig_of = NULL, *shape_of = NULL;
+    Distinct sigs, shapes;
+    memset(&sigs, 0, sizeof(sigs));
+    memset(&shapes, 0, sizeof(shapes));
+    PyObject *result = NULL, *values = NULL;
+    while (p < end) {
+        uint64_t number;
+        Slice node;
+        int wire = read_field(&p, end, &number, &node);
+        if (wire < 0) goto bad;
+        if (number != 1 || wire != 2) continue;
+        if (grow((void **)&nodes, &cap, n + 1, sizeof(AttrNode)) < 0) goto done;
+        AttrNode *an = &nodes[n++];
+        memset(an, 0, sizeof(*an));
+        an->node = node;
+        const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
+        while (q < qend) {
+            Slice value;
+            int w = read_field(&q, qend, &number, &value);
+            if (w < 0) goto bad;
+            if (w == 2 && number == 2) an->op = value;
+        }
+    }
+    if (start < 0 || start > n) start = n;
+    sig_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
+    shape_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
+    if (!sig_of || !shape_of) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = start; i < n; i++) {
+        AttrNode *an = &nodes[i];
+        uint64_t h = slice_hash(an->op);
+        const unsigned char *q = (const unsigned char *)an->node.p, *qend = q + an->node.n;
+        Slice entry;
+        int r;
+        while ((r = next_attr(&q, qend, &entry, &an->shapes, &an->has_shapes)) > 0)
+            h = mix(h, slice_hash(entry));
+        if (r < 0) goto bad;
+        if ((sig_of[i - start] = distinct_id(&sigs, h, i, same_signature, nodes)) < 0) goto done;
+        shape_of[i - start] = -1;
+        if (an->has_shapes &&
+            (shape_of[i - start] = distinct_id(&shapes, slice_hash(an->shapes), i, same_shapes,
+                                               nodes)) < 0)
+            goto done;
+    }
+    if (!(values = PyList_New(shapes.count))) goto done;
+    for (Py_ssize_t k = 0; k < shapes.count; k++) {
+        Slice v = nodes[shapes.reps[k]].shapes;
+        PyObject *b = PyBytes_FromStringAndSize(v.p, v.n);
+        if (!b) goto done;
+        PyList_SET_ITEM(values, k, b);
+    }
+    result = Py_BuildValue("(NNNO)", int_list(sig_of, n - start), int_list(sigs.reps, sigs.count),
+                           int_list(shape_of, n - start), values);
+    goto done;
+bad:
+    PyErr_SetString(PyExc_ValueError, "read_attrs: not a serialized GraphDef");
+done:
+    PyMem_Free(nodes);
+    PyMem_Free(sig_of);
+    PyMem_Free(shape_of);
+    distinct_clear(&sigs);
+    distinct_clear(&shapes);
+    Py_XDECREF(values);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* The executor's order (graphmem/analysis/schedule.py, _StepGraph.walk without loops)   */
 /* ------------------------------------------------------------------------------------ */
 
@@ -1061,6 +1267,9 @@ static PyMethodDef methods[] = {
     {"executor_walk", executor_walk, METH_VARARGS,
      "executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order: "
      "schedule._StepGraph.walk of a graph without v1 loops, compiled."},
+    {"read_attrs", read_attrs, METH_VARARGS,
+     "read_attrs(serialized GraphDef, start) -> (signature ids, their representative nodes, "
+     "`_output_shapes` ids, their values): what _attr_facts reads, grouped, compiled."},
     {NULL, NULL, 0, NULL},
 };
 

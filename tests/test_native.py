@@ -163,6 +163,11 @@ def test_a_rewrite_writes_the_same_graph_and_report_without_the_extension(tmp_pa
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 
 
+def _sharing(lists: list) -> list[int]:
+    first: dict[int, int] = {}
+    return [first.setdefault(id(x), i) if x is not None else -1 for i, x in enumerate(lists)]
+
+
 def _index_fields(ix) -> tuple:
     return (ix.names, ix.ops, ix.devices, ix.id_of, ix.data_inputs, ix.control_inputs,
             list(ix.consumers.items()), ix.control_consumers, ix.num_outputs, ix.topo,
@@ -189,6 +194,10 @@ def test_the_compiled_read_of_a_graph_indexes_it_as_python_does(name, monkeypatc
     assert _index_fields(compiled) == _index_fields(reference)
     assert any(compiled.control_inputs) and any(k for ins in compiled.data_inputs
                                                 for _, k in ins)
+    # nodes of one signature share one dtype list, of one `_output_shapes` value one shape
+    # list, as in Python (caches key on those lists)
+    assert _sharing(compiled.out_dtypes) == _sharing(reference.out_dtypes)
+    assert _sharing(compiled.out_shapes) == _sharing(reference.out_shapes)
     # after a rewrite, re-indexed from the index before it
     ws = Workspace.open(load_model(FIXTURES / name), batch_size=4)
     from graphmem.analysis.activations import analyze_forward

@@ -14,6 +14,7 @@ from itertools import compress
 
 from google.protobuf.message import Message
 
+from graphmem import protos
 from graphmem.background import Background
 from graphmem.errors import InputError
 from graphmem.graph import dtypes
@@ -85,19 +86,12 @@ class GraphIndex:
                 kept = 0  # not an appended-to graph after all: index from scratch
         if previous is not None:
             idx._shape_cache = previous._shape_cache
-        max_out = attr_job = None
+        max_out = attr_job = facts = None
         if native is not None:
-            if not kept:  # a forked child reads the attrs meanwhile (see _read_in_python)
-                attr_job = Background(partial(_described_attr_facts, nodes, registry), n)
-            try:
-                max_out = idx._read_compiled()
-            except InputError:
-                if attr_job is not None:
-                    attr_job.cancel()
-                raise
+            read = idx._read_compiled(kept)
+            if read is not None:
+                max_out, facts = read
         if max_out is None:
-            if attr_job is not None:
-                attr_job.cancel()
             max_out, attr_job = idx._read_in_python(previous if kept else None)
         if kept:
             idx.stateful.extend(previous.stateful)
@@ -108,7 +102,8 @@ class GraphIndex:
             if idx.num_outputs == previous.num_outputs:  # same outputs: sizes carry over
                 idx._bytes = {batch: sizes + [None] * (n - kept)
                               for batch, sizes in previous._bytes.items()}
-        facts = attr_job.result() if attr_job is not None else None
+        if facts is None and attr_job is not None:
+            facts = attr_job.result()
         if facts is None:  # not forked (or the child failed): read the attrs here
             facts = _attr_facts(nodes, idx.ops, kept, n, registry, idx._shape_cache)
         stateful, types_of, shapes_of, idx._shape_cache = facts
@@ -129,12 +124,14 @@ class GraphIndex:
             idx._condense_loops()
         return idx
 
-    def _read_compiled(self) -> list[int] | None:
+    def _read_compiled(self, start: int) -> tuple[list[int], tuple] | None:
         """Names, ops, devices and edges from the serialized GraphDef, in C (native.py):
-        the same lists `_read_in_python` makes. Returns each node's output count as its
-        readers use them, or None when the bytes could not be read there."""
+        the same lists `_read_in_python` makes, and `_attr_facts` of nodes start.. (those
+        before it are the previous index's). Returns each node's output count as its
+        readers use them, and those facts; None when the bytes could not be read there."""
+        serialized = self.graph_def.SerializeToString()
         try:
-            read = native.read_graph(self.graph_def.SerializeToString())
+            read = native.read_graph(serialized)
         except ValueError:
             return None
         if len(read) == 2:  # ("duplicate", name)
@@ -145,7 +142,26 @@ class GraphIndex:
         (self.names, self.ops, self.devices, self.data_inputs, self.control_inputs,
          self.consumers, self.control_consumers, max_out) = read
         self.id_of = dict(zip(self.names, range(len(self.names)), strict=True))
-        return max_out
+        return max_out, self._compiled_attr_facts(serialized, start)
+
+    def _compiled_attr_facts(self, serialized: bytes, start: int) -> tuple:
+        """`_attr_facts` of nodes start.., from the nodes grouped in C by op signature (the
+        op and its attrs but `_output_shapes`) and by `_output_shapes` value: each group is
+        looked up, or parsed, once."""
+        signature_of, firsts, shapes_of, values = native.read_attrs(serialized, start)
+        nodes = self.graph_def.node
+        lookup = _SignatureCache(self.registry).lookup
+        signatures = [lookup(self.ops[i], nodes[i]) for i in firsts]
+        cache = self._shape_cache
+        parsed = []
+        for value in values:
+            shapes = cache.get(value)
+            if shapes is None:
+                shapes = cache[value] = _shapes_of_attr(value)
+            parsed.append(shapes)
+        return ([signatures[s][0] for s in signature_of],
+                [signatures[s][1] for s in signature_of],
+                [parsed[k] if k >= 0 else None for k in shapes_of], cache)
 
     def _read_in_python(self, previous: GraphIndex | None
                         ) -> tuple[list[int], Background | None]:
@@ -689,15 +705,6 @@ def _attr_facts(nodes, ops: list[str], start: int, end: int, registry: OpRegistr
     return stateful_of, types_of, shapes_of, shape_cache
 
 
-def _described_attr_facts(nodes, registry: OpRegistry) -> tuple | None:
-    """`_attr_facts` of every node, if the file describes every op type (else None: the
-    lookups would import TensorFlow, which a forked child must not)."""
-    ops = [node.op for node in nodes]
-    if not registry.describes(set(ops)):
-        return None
-    return _attr_facts(nodes, ops, 0, len(ops), registry, {})
-
-
 class _SignatureCache:
     """Statefulness and output dtypes per op signature: the op type and the values of the
     attrs its output args read. Lists handed out are shared between nodes; nobody mutates
@@ -762,10 +769,19 @@ def _known_dims(shapes: list[list[int] | None] | None) -> int:
 def _output_shapes(node: Message) -> list[list[int] | None] | None:
     if "_output_shapes" not in node.attr:
         return None
-    out: list[list[int] | None] = []
-    for shape in node.attr["_output_shapes"].list.shape:
-        out.append(None if shape.unknown_rank else [d.size for d in shape.dim])
-    return out
+    return _shapes_in(node.attr["_output_shapes"])
+
+
+def _shapes_in(attr: Message) -> list[list[int] | None]:
+    """The shapes an `_output_shapes` AttrValue lists (None: unknown rank)."""
+    return [None if shape.unknown_rank else [d.size for d in shape.dim]
+            for shape in attr.list.shape]
+
+
+def _shapes_of_attr(value: bytes) -> list[list[int] | None]:
+    attr = protos.AttrValue()
+    attr.ParseFromString(value)
+    return _shapes_in(attr)
 
 
 def _guess_dtypes(node: Message, count: int) -> list[int] | None:
