@@ -4,7 +4,7 @@
  * its comment), on the same inputs and with the same result: the Python one is the
  * reference, runs when this module was not built (no C compiler at install time, or
  * GRAPHMEM_PURE_PYTHON=1; see graphmem/native.py), and tests/test_native.py checks the
- * two agree. Only loops that are plain integer work over lists live here; the analyses
+ * two agree. Only plain loops over lists and bytes live here; the analyses
  * around them stay in Python.
  */
 #define PY_SSIZE_T_CLEAN
@@ -717,12 +717,14 @@ static Py_ssize_t resolve_input(const NameTable *t, Slice in,
     return table_find(t, name);
 }
 
-/* read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs,
- * consumers, control_consumers, max_out), or ("duplicate", name) or ("missing", node id,
+/* read_graph(serialized GraphDef, start=0) -> (names, ops, devices, id_of of the nodes from
+ * start on, and of every node data_inputs, control_inputs, consumers, control_consumers,
+ * max_out), or ("duplicate", name) or ("missing", node id,
  * input) for a graph GraphIndex.build rejects; ValueError for bytes that are no GraphDef. */
 static PyObject *read_graph(PyObject *self, PyObject *args) {
     Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+    Py_ssize_t start = 0;
+    if (!PyArg_ParseTuple(args, "y*|n", &buf, &start)) return NULL;
     const unsigned char *p = buf.buf, *end = p + buf.len;
     NodeSlices *nodes = NULL;
     Slice *inputs = NULL;
@@ -733,7 +735,7 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     TensorEntry *tensors = NULL;
     PyObject **ids = NULL;
     Py_ssize_t *max_out = NULL;
-    PyObject *names = NULL, *ops = NULL, *devices = NULL, *data_inputs = NULL,
+    PyObject *names = NULL, *ops = NULL, *devices = NULL, *id_of = NULL, *data_inputs = NULL,
              *control_inputs = NULL, *consumers = NULL, *control_consumers = NULL,
              *result = NULL;
     SharedStrings seen = {NULL, NULL, 0, 0, 0};
@@ -794,26 +796,30 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
         }
         if (!(ids[i] = PyLong_FromSsize_t(i))) goto done;
     }
-    names = PyList_New(n);
-    ops = PyList_New(n);
-    devices = PyList_New(n);
+    if (start < 0 || start > n) start = n;
+    names = PyList_New(n - start);
+    ops = PyList_New(n - start);
+    devices = PyList_New(n - start);
+    id_of = _PyDict_NewPresized(n - start);
     data_inputs = PyList_New(n);
     control_inputs = PyList_New(n);
     control_consumers = PyList_New(n);
     consumers = _PyDict_NewPresized(n_inputs); /* no resizing on the way */
-    if (!names || !ops || !devices || !data_inputs || !control_inputs || !control_consumers ||
-        !consumers)
+    if (!names || !ops || !devices || !id_of || !data_inputs || !control_inputs ||
+        !control_consumers || !consumers)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v, *c;
-        if (!(v = decode(nodes[i].name))) goto done;
-        PyList_SET_ITEM(names, i, v);
-        if (!(v = shared_string(&seen, nodes[i].op))) goto done;
-        PyList_SET_ITEM(ops, i, v);
-        if (!(v = shared_string(&seen, nodes[i].device))) goto done;
-        PyList_SET_ITEM(devices, i, v);
         if (!(c = PyList_New(0))) goto done;
         PyList_SET_ITEM(control_consumers, i, c);
+        if (i < start) continue; /* the caller has these */
+        if (!(v = decode(nodes[i].name))) goto done;
+        PyList_SET_ITEM(names, i - start, v);
+        if (PyDict_SetItem(id_of, v, ids[i]) < 0) goto done;
+        if (!(v = shared_string(&seen, nodes[i].op))) goto done;
+        PyList_SET_ITEM(ops, i - start, v);
+        if (!(v = shared_string(&seen, nodes[i].device))) goto done;
+        PyList_SET_ITEM(devices, i - start, v);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *data = PyList_New(0), *ctrl = PyList_New(0);
@@ -871,8 +877,8 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     }
     PyObject *max_list = int_list(max_out, n);
     if (!max_list) goto done;
-    result = Py_BuildValue("(OOOOOOON)", names, ops, devices, data_inputs, control_inputs,
-                           consumers, control_consumers, max_list);
+    result = Py_BuildValue("(OOOOOOOON)", names, ops, devices, id_of, data_inputs,
+                           control_inputs, consumers, control_consumers, max_list);
     goto done;
 bad:
     PyErr_SetString(PyExc_ValueError, malformed);
@@ -891,6 +897,7 @@ done:
     Py_XDECREF(names);
     Py_XDECREF(ops);
     Py_XDECREF(devices);
+    Py_XDECREF(id_of);
     Py_XDECREF(data_inputs);
     Py_XDECREF(control_inputs);
     Py_XDECREF(consumers);
@@ -1262,8 +1269,9 @@ static PyMethodDef methods[] = {
     {"kahn", kahn, METH_VARARGS,
      "kahn(data_inputs, control_inputs) -> (order, indeg): GraphIndex._kahn, compiled."},
     {"read_graph", read_graph, METH_VARARGS,
-     "read_graph(serialized GraphDef) -> (names, ops, devices, data_inputs, control_inputs, "
-     "consumers, control_consumers, max_out): GraphIndex.build's reading of nodes, compiled."},
+     "read_graph(serialized GraphDef, start=0) -> (names, ops, devices, id_of (nodes from "
+     "start on), data_inputs, control_inputs, consumers, control_consumers, max_out): "
+     "GraphIndex.build's reading of nodes, compiled."},
     {"executor_walk", executor_walk, METH_VARARGS,
      "executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order: "
      "schedule._StepGraph.walk of a graph without v1 loops, compiled."},

@@ -88,7 +88,7 @@ class GraphIndex:
             idx._shape_cache = previous._shape_cache
         max_out = attr_job = facts = None
         if native is not None:
-            read = idx._read_compiled(kept)
+            read = idx._read_compiled(previous if kept else None)
             if read is not None:
                 max_out, facts = read
         if max_out is None:
@@ -124,14 +124,15 @@ class GraphIndex:
             idx._condense_loops()
         return idx
 
-    def _read_compiled(self, start: int) -> tuple[list[int], tuple] | None:
-        """Names, ops, devices and edges from the serialized GraphDef, in C (native.py):
-        the same lists `_read_in_python` makes, and `_attr_facts` of nodes start.. (those
-        before it are the previous index's). Returns each node's output count as its
-        readers use them, and those facts; None when the bytes could not be read there."""
+    def _read_compiled(self, previous: GraphIndex | None) -> tuple[list[int], tuple] | None:
+        """Names, ops, devices (those of `previous` for the nodes it had) and edges from the
+        serialized GraphDef, in C (native.py): the same lists `_read_in_python` makes, and
+        `_attr_facts` of the nodes `previous` lacks. Returns each node's output count as
+        its readers use them, and those facts; None when the bytes could not be read."""
         serialized = self.graph_def.SerializeToString()
+        start = len(previous) if previous is not None else 0
         try:
-            read = native.read_graph(serialized)
+            read = native.read_graph(serialized, start)
         except ValueError:
             return None
         if len(read) == 2:  # ("duplicate", name)
@@ -139,9 +140,14 @@ class GraphIndex:
         if len(read) == 3:  # ("missing", node id, input)
             raise InputError(f"node {self.graph_def.node[read[1]].name!r} reads {read[2]!r}, "
                              "which is not in the graph")
-        (self.names, self.ops, self.devices, self.data_inputs, self.control_inputs,
-         self.consumers, self.control_consumers, max_out) = read
-        self.id_of = dict(zip(self.names, range(len(self.names)), strict=True))
+        names, ops, devices, id_of, self.data_inputs, self.control_inputs, self.consumers, \
+            self.control_consumers, max_out = read
+        if previous is not None:
+            names, ops, devices = (previous.names + names, previous.ops + ops,
+                                   previous.devices + devices)
+            id_of, new = previous.id_of.copy(), id_of
+            id_of.update(new)
+        self.names, self.ops, self.devices, self.id_of = names, ops, devices, id_of
         return max_out, self._compiled_attr_facts(serialized, start)
 
     def _compiled_attr_facts(self, serialized: bytes, start: int) -> tuple:
