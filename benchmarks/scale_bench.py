@@ -30,7 +30,8 @@ peak RSS from that process's own rusage, `os.wait4`):
 
 and, for scale, `python -c "import tensorflow"` (median of 3). On graphs up to ~100k nodes
 each command runs 3 times and the median counts (`--runs`; a few seconds vary by 10-20%
-from process to process here); 1M-node graphs run once. The table shows each run and
+from process to process here); 1M-node graphs run once unless `--big-runs` says more (one
+1M run varies by up to 25% here, so growth ratios from single runs are rough). The table shows each run and
 its growth from the previous size of the same shape and command (time and RSS), then two
 checks: is `rewrite --policy memory` of the ~100k-node chain faster than importing
 TensorFlow, and is every growth ratio from 100k to 1M nodes at most 12x (the node count
@@ -354,7 +355,7 @@ def _detail(command: str, stdout: str) -> dict:
 
 def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
                   commands: tuple[str, ...], max_rss_mib: float | None,
-                  log, repeats: int = RUNS) -> tuple[dict, list[Run]]:
+                  log, repeats: int = RUNS, big_repeats: int = 1) -> tuple[dict, list[Run]]:
     model = workdir / f"{shape}_{size_label(target)}.meta"
     out = workdir / f"{shape}_{size_label(target)}_out.meta"
     log(f"building {shape} ~{size_label(target)} ...")
@@ -366,7 +367,7 @@ def measure_graph(shape: str, target: int, workdir: Path, op_list: bool,
         # a few seconds on a shared machine vary by 10-20% from process to process: the
         # median of `repeats` processes, not one sample (the growth ratios and the comparison
         # with `import tensorflow`, itself a median, rest on these)
-        repeat = repeats if target <= REPEAT_UP_TO else 1
+        repeat = repeats if target <= REPEAT_UP_TO else big_repeats
         results = [run_measured(command_line(command, model, out), workdir,
                                 max_rss_mib=max_rss_mib) for _ in range(max(repeat, 1))]
         ok = sorted((r for r in results if r["error"] is None), key=lambda r: r["seconds"])
@@ -530,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs of `import tensorflow` (median; 0 to skip)")
     ap.add_argument("--runs", type=int, default=RUNS,
                     help=f"runs of each command on graphs up to ~{REPEAT_UP_TO // 1000}k nodes "
-                         f"(median; bigger graphs run once; default {RUNS})")
+                         f"(median; default {RUNS})")
+    ap.add_argument("--big-runs", type=int, default=1,
+                    help="runs of each command on bigger graphs (median; default 1: a 1M-node "
+                         "run takes 15-70 s, and one varies by up to 25%% here)")
     ap.add_argument("--max-rss", type=float, metavar="GIB",
                     help="kill a command above this resident memory (default: half of the "
                          "memory available at start)")
@@ -577,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
             for shape in shapes:
                 facts, graph_runs = measure_graph(shape, target, workdir,
                                                   not args.no_op_list, commands,
-                                                  max_rss_mib, log, args.runs)
+                                                  max_rss_mib, log, args.runs,
+                                                  args.big_runs)
                 graphs.append({"shape": shape, "target": target, **facts})
                 runs.extend(graph_runs)
     finally:
