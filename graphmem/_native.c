@@ -13,6 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A dictionary sized for n entries up front (no resizing while it fills), where the
+ * interpreter offers it. */
+static PyObject *presized_dict(Py_ssize_t n) {
+#if PY_VERSION_HEX < 0x030D0000
+    return _PyDict_NewPresized(n);
+#else
+    (void)n;
+    return PyDict_New();
+#endif
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* Growable arrays                                                                      */
 /* ------------------------------------------------------------------------------------ */
@@ -800,11 +811,11 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     names = PyList_New(n - start);
     ops = PyList_New(n - start);
     devices = PyList_New(n - start);
-    id_of = _PyDict_NewPresized(n - start);
+    id_of = presized_dict(n - start);
     data_inputs = PyList_New(n);
     control_inputs = PyList_New(n);
     control_consumers = PyList_New(n);
-    consumers = _PyDict_NewPresized(n_inputs); /* no resizing on the way */
+    consumers = presized_dict(n_inputs);
     if (!names || !ops || !devices || !id_of || !data_inputs || !control_inputs ||
         !control_consumers || !consumers)
         goto done;
