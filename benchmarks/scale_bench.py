@@ -37,9 +37,9 @@ checks: is `rewrite --policy memory` of the ~100k-node chain faster than importi
 TensorFlow, and is every growth ratio from 100k to 1M nodes at most 12x (the node count
 grows 10x; each process also pays a fixed start-up, so small sizes understate growth).
 
-Expected duration (2 cores, measured 2026-11-25): the default run takes about 12 minutes,
-most of it the 1M-node graphs (building each takes ~7 s, each command on it 20-80 s);
-`--sizes 10k,100k` takes about 3 minutes. Timings are wall-clock times on a
+Expected duration (2 cores, measured 2026-11-25): the default run takes about 10 minutes,
+most of it the 1M-node graphs (building each takes ~7 s, each command on it 13-65 s);
+`--big-runs 3` about 21 minutes; `--sizes 10k,100k` about 3 minutes. Timings are wall-clock times on a
 shared machine: run it on an otherwise idle one, or compare CPU seconds.
 """
 
