@@ -618,6 +618,27 @@ static int read_field(const unsigned char **p, const unsigned char *end, uint64_
     }
 }
 
+/* The next length-delimited field of a message (strings, sub-messages): 1 with its number
+ * and bytes, 0 at the message's end, -1 on malformed data. */
+static int next_bytes_field(const unsigned char **p, const unsigned char *end, uint64_t *number,
+                            Slice *bytes) {
+    while (*p < end) {
+        int wire = read_field(p, end, number, bytes);
+        if (wire < 0) return -1;
+        if (wire == 2) return 1;
+    }
+    return 0;
+}
+
+/* The next NodeDef of a serialized GraphDef (its field 1): 1, 0 at the end, -1 malformed. */
+static int next_node(const unsigned char **p, const unsigned char *end, Slice *node) {
+    uint64_t number;
+    int r;
+    while ((r = next_bytes_field(p, end, &number, node)) > 0)
+        if (number == 1) return 1;
+    return r;
+}
+
 static uint64_t slice_hash(Slice s) {
     uint64_t h = 1469598103934665603ULL; /* FNV-1a */
     for (Py_ssize_t i = 0; i < s.n; i++) h = (h ^ (unsigned char)s.p[i]) * 1099511628211ULL;
@@ -751,22 +772,18 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
              *result = NULL;
     SharedStrings seen = {NULL, NULL, 0, 0, 0};
     const char *malformed = "read_graph: not a serialized GraphDef";
-    while (p < end) {
-        uint64_t number;
-        Slice node;
-        int wire = read_field(&p, end, &number, &node);
-        if (wire < 0) goto bad;
-        if (number != 1 || wire != 2) continue;
+    Slice node;
+    int more;
+    while ((more = next_node(&p, end, &node)) > 0) {
         if (grow((void **)&nodes, &nodes_cap, n + 1, sizeof(NodeSlices)) < 0) goto done;
         NodeSlices *ns = &nodes[n++];
         memset(ns, 0, sizeof(*ns));
         ns->first_input = n_inputs;
         const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
-        while (q < qend) {
-            Slice value;
-            int w = read_field(&q, qend, &number, &value);
-            if (w < 0) goto bad;
-            if (w != 2) continue;
+        uint64_t number;
+        Slice value;
+        int field;
+        while ((field = next_bytes_field(&q, qend, &number, &value)) > 0) {
             if (number == 1) ns->name = value;
             else if (number == 2) ns->op = value;
             else if (number == 4) ns->device = value;
@@ -777,7 +794,9 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
                 ns->inputs++;
             }
         }
+        if (field < 0) goto bad;
     }
+    if (more < 0) goto bad;
     uint64_t slots = 16;
     while (slots < 2 * (uint64_t)n) slots *= 2;
     table.mask = slots - 1;
@@ -989,20 +1008,19 @@ static const char OUTPUT_SHAPES[] = "_output_shapes";
 /* The next attr entry of a NodeDef other than `_output_shapes` (-1 malformed, 0 none). */
 static int next_attr(const unsigned char **p, const unsigned char *end, Slice *entry,
                      Slice *shapes, int *has_shapes) {
-    while (*p < end) {
-        uint64_t number;
-        int w = read_field(p, end, &number, entry);
-        if (w < 0) return -1;
-        if (w != 2 || number != 5) continue;
+    uint64_t number;
+    int r;
+    while ((r = next_bytes_field(p, end, &number, entry)) > 0) {
+        if (number != 5) continue;
         /* the entry's key and value */
         const unsigned char *q = (const unsigned char *)entry->p, *qend = q + entry->n;
         Slice key = {NULL, 0}, value = {NULL, 0}, field;
-        while (q < qend) {
-            int fw = read_field(&q, qend, &number, &field);
-            if (fw < 0) return -1;
-            if (fw == 2 && number == 1) key = field;
-            else if (fw == 2 && number == 2) value = field;
+        int f;
+        while ((f = next_bytes_field(&q, qend, &number, &field)) > 0) {
+            if (number == 1) key = field;
+            else if (number == 2) value = field;
         }
+        if (f < 0) return -1;
         if (key.n == (Py_ssize_t)sizeof(OUTPUT_SHAPES) - 1 &&
             !memcmp(key.p, OUTPUT_SHAPES, sizeof(OUTPUT_SHAPES) - 1)) {
             if (shapes) {
@@ -1013,7 +1031,7 @@ static int next_attr(const unsigned char **p, const unsigned char *end, Slice *e
         }
         return 1;
     }
-    return 0;
+    return r;
 }
 
 /* nodes a and b: the same op and the same attrs, `_output_shapes` aside, in order */
@@ -1060,24 +1078,22 @@ static PyObject *read_attrs(PyObject *self, PyObject *args) {
     memset(&sigs, 0, sizeof(sigs));
     memset(&shapes, 0, sizeof(shapes));
     PyObject *result = NULL, *values = NULL;
-    while (p < end) {
-        uint64_t number;
-        Slice node;
-        int wire = read_field(&p, end, &number, &node);
-        if (wire < 0) goto bad;
-        if (number != 1 || wire != 2) continue;
+    Slice node;
+    int more;
+    while ((more = next_node(&p, end, &node)) > 0) {
         if (grow((void **)&nodes, &cap, n + 1, sizeof(AttrNode)) < 0) goto done;
         AttrNode *an = &nodes[n++];
         memset(an, 0, sizeof(*an));
         an->node = node;
         const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
-        while (q < qend) {
-            Slice value;
-            int w = read_field(&q, qend, &number, &value);
-            if (w < 0) goto bad;
-            if (w == 2 && number == 2) an->op = value;
-        }
+        uint64_t number;
+        Slice value;
+        int field;
+        while ((field = next_bytes_field(&q, qend, &number, &value)) > 0)
+            if (number == 2) an->op = value;
+        if (field < 0) goto bad;
     }
+    if (more < 0) goto bad;
     if (start < 0 || start > n) start = n;
     sig_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
     shape_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
