@@ -30,16 +30,16 @@ peak RSS from that process's own rusage, `os.wait4`):
 
 and, for scale, `python -c "import tensorflow"` (median of 3). On graphs up to ~100k nodes
 each command runs 3 times and the median counts (`--runs`; a few seconds vary by 10-20%
-from process to process here); 1M-node graphs run once unless `--big-runs` says more (one
-1M run varies by up to 25% here, so growth ratios from single runs are rough). The table shows each run and
+from process to process here), and so do 1M-node graphs (`--big-runs`: one 1M run varies
+by up to 25% here, and a growth ratio should compare medians with medians). The table shows each run and
 its growth from the previous size of the same shape and command (time and RSS), then two
 checks: is `rewrite --policy memory` of the ~100k-node chain faster than importing
 TensorFlow, and is every growth ratio from 100k to 1M nodes at most 12x (the node count
 grows 10x; each process also pays a fixed start-up, so small sizes understate growth).
 
-Expected duration (2 cores, measured 2026-11-25): the default run takes about 10 minutes,
+Expected duration (2 cores, measured 2026-11-25): the default run takes about 21 minutes,
 most of it the 1M-node graphs (building each takes ~7 s, each command on it 13-65 s);
-`--big-runs 3` about 21 minutes; `--sizes 10k,100k` about 3 minutes. Timings are wall-clock times on a
+`--big-runs 1` about 10 minutes; `--sizes 10k,100k` about 3 minutes. Timings are wall-clock times on a
 shared machine: run it on an otherwise idle one, or compare CPU seconds.
 """
 
@@ -71,7 +71,7 @@ BATCH = 32
 MIB = 1024 * 1024
 TF_RUNS = 3
 RUNS = 3  # processes per command on graphs up to REPEAT_UP_TO nodes (the median counts)
-REPEAT_UP_TO = 100_000  # bigger graphs run once: minutes each, and their noise is smaller
+REPEAT_UP_TO = 100_000  # bigger graphs run --big-runs times (a minute or more each)
 MAX_GROWTH = 12.0  # the issue's bound on any 100k -> 1M growth ratio (nodes grow 10x)
 TIMEOUT = 3600  # seconds per command
 FIXED_NODES = 8  # input, loss, gradient seed, learning rate, train op ...
@@ -532,9 +532,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=RUNS,
                     help=f"runs of each command on graphs up to ~{REPEAT_UP_TO // 1000}k nodes "
                          f"(median; default {RUNS})")
-    ap.add_argument("--big-runs", type=int, default=1,
-                    help="runs of each command on bigger graphs (median; default 1: a 1M-node "
-                         "run takes 15-70 s, and one varies by up to 25%% here)")
+    ap.add_argument("--big-runs", type=int, default=RUNS,
+                    help="runs of each command on bigger graphs (median; default "
+                         f"{RUNS}, as on smaller ones: one 1M-node run varies by up to 25%% "
+                         "here; 1 saves half the time)")
     ap.add_argument("--max-rss", type=float, metavar="GIB",
                     help="kill a command above this resident memory (default: half of the "
                          "memory available at start)")
