@@ -207,27 +207,27 @@ static int32_t bfc_allocate(BFC *a, int64_t nbytes) {
     }
 }
 
+/* chunk `upper`, just above `lower` in its region, joins it */
+static int merge_chunks(BFC *a, int32_t lower, int32_t upper) {
+    Chunk *l = &a->chunks[lower], *u = &a->chunks[upper];
+    l->size += u->size;
+    l->next = u->next;
+    if (u->next >= 0) a->chunks[u->next].prev = lower;
+    return drop_chunk(a, upper);
+}
+
 /* BFCAllocator.free: merges with free neighbours in the region */
 static int bfc_free(BFC *a, int32_t id) {
-    Chunk *c = &a->chunks[id];
-    a->in_use -= c->size;
-    int32_t above = c->next;
+    a->in_use -= a->chunks[id].size;
+    int32_t above = a->chunks[id].next;
     if (above >= 0 && a->chunks[above].free) {
         bin_remove(a, above);
-        Chunk *n = &a->chunks[above];
-        c->size += n->size;
-        c->next = n->next;
-        if (n->next >= 0) a->chunks[n->next].prev = id;
-        if (drop_chunk(a, above) < 0) return -1;
+        if (merge_chunks(a, id, above) < 0) return -1;
     }
-    int32_t below = c->prev;
+    int32_t below = a->chunks[id].prev;
     if (below >= 0 && a->chunks[below].free) {
         bin_remove(a, below);
-        Chunk *p = &a->chunks[below];
-        p->size += c->size;
-        p->next = c->next;
-        if (c->next >= 0) a->chunks[c->next].prev = below;
-        if (drop_chunk(a, id) < 0) return -1;
+        if (merge_chunks(a, below, id) < 0) return -1;
         id = below;
     }
     return bin_insert(a, id);
@@ -569,7 +569,7 @@ typedef struct {
 } TensorEntry;
 
 typedef struct {
-    Slice name, op, device;
+    Slice node, name, op, device; /* the NodeDef's bytes, and fields of it */
     Py_ssize_t first_input, inputs; /* into the array of input slices */
 } NodeSlices;
 
@@ -648,42 +648,89 @@ static uint64_t slice_hash(Slice s) {
     return h;
 }
 
-/* Node names by their bytes: open addressing, linear probing. A slot holds the name's
- * node id + 1 (0: empty) in its low 32 bits and the top half of the name's hash in the
- * high ones, so that a probe that cannot match reads no name: on a 1M-node graph each read
- * of a name is a cache miss. */
+/* A set of distinct values, each named by the first node that has it (its representative):
+ * open addressing, linear probing, grown at half full. A slot holds the value's distinct
+ * id + 1 (0: empty) in its low 32 bits and the top half of its hash in the high ones, so
+ * that a probe that cannot match reads no value: on a 1M-node graph each such read is a
+ * cache miss. Node names (read_graph), op signatures and `_output_shapes` values
+ * (read_attrs) are kept in one each. */
 typedef struct {
-    uint64_t *slots;
-    const Slice *names; /* per node id */
-    uint64_t mask;
-} NameTable;
+    uint64_t *slots, mask;
+    uint64_t *hashes;    /* per distinct value */
+    Py_ssize_t *reps;    /* per distinct value: its first node */
+    Py_ssize_t count, hashes_cap, reps_cap;
+} Distinct;
 
-static Py_ssize_t table_find(const NameTable *t, Slice s) {
-    uint64_t h = slice_hash(s), tag = h >> 32;
-    for (uint64_t at = h & t->mask;; at = (at + 1) & t->mask) {
-        uint64_t v = t->slots[at];
-        if (!v) return -1;
-        if (v >> 32 != tag) continue;
-        Slice name = t->names[(v & 0xffffffffu) - 1];
-        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n))
-            return (Py_ssize_t)(v & 0xffffffffu) - 1;
-    }
+/* whether the value of node `rep` is `key` (what `key` points to is the caller's) */
+typedef int (*SameValue)(const void *ctx, Py_ssize_t rep, const void *key);
+
+static void distinct_clear(Distinct *d) {
+    PyMem_Free(d->slots);
+    PyMem_Free(d->hashes);
+    PyMem_Free(d->reps);
 }
 
-/* node i's name into the table; 0, or 1 when another node has that name */
-static int table_add(NameTable *t, Py_ssize_t i) {
-    Slice s = t->names[i];
-    uint64_t h = slice_hash(s), tag = h >> 32;
-    for (uint64_t at = h & t->mask;; at = (at + 1) & t->mask) {
-        uint64_t v = t->slots[at];
-        if (!v) {
-            t->slots[at] = tag << 32 | (uint64_t)(i + 1);
-            return 0;
-        }
-        if (v >> 32 != tag) continue;
-        Slice name = t->names[(v & 0xffffffffu) - 1];
-        if (name.n == s.n && !memcmp(name.p, s.p, (size_t)s.n)) return 1;
+static int distinct_resize(Distinct *d, uint64_t size) {
+    uint64_t *slots = PyMem_Calloc(size, sizeof(uint64_t));
+    if (!slots) {
+        PyErr_NoMemory();
+        return -1;
     }
+    for (Py_ssize_t k = 0; k < d->count; k++) {
+        uint64_t at = d->hashes[k] & (size - 1);
+        while (slots[at]) at = (at + 1) & (size - 1);
+        slots[at] = (d->hashes[k] >> 32) << 32 | (uint64_t)(k + 1);
+    }
+    PyMem_Free(d->slots);
+    d->slots = slots;
+    d->mask = size - 1;
+    return 0;
+}
+
+/* room for n values without growing */
+static int distinct_reserve(Distinct *d, Py_ssize_t n) {
+    uint64_t size = 64;
+    while (size < 2 * (uint64_t)n + 2) size *= 2;
+    return size > d->mask + 1 || !d->slots ? distinct_resize(d, size) : 0;
+}
+
+/* the distinct id of `key` (hash h), or -1; *empty: the slot it would take */
+static Py_ssize_t distinct_find(const Distinct *d, uint64_t h, SameValue same,
+                                const void *ctx, const void *key, uint64_t *empty) {
+    uint64_t tag = h >> 32, at = h & d->mask;
+    for (;; at = (at + 1) & d->mask) {
+        uint64_t v = d->slots[at];
+        if (!v) break;
+        Py_ssize_t k = (Py_ssize_t)(v & 0xffffffffu) - 1;
+        if (v >> 32 == tag && d->hashes[k] == h && same(ctx, d->reps[k], key)) return k;
+    }
+    if (empty) *empty = at;
+    return -1;
+}
+
+/* the distinct id of node i's value `key` (hash h): a new one when no earlier node had it */
+static Py_ssize_t distinct_id(Distinct *d, uint64_t h, Py_ssize_t i, SameValue same,
+                              const void *ctx, const void *key) {
+    if (!d->slots && distinct_resize(d, 64) < 0) return -1;
+    uint64_t at;
+    Py_ssize_t k = distinct_find(d, h, same, ctx, key, &at);
+    if (k >= 0) return k;
+    if (grow((void **)&d->hashes, &d->hashes_cap, d->count + 1, sizeof(uint64_t)) < 0 ||
+        grow((void **)&d->reps, &d->reps_cap, d->count + 1, sizeof(Py_ssize_t)) < 0)
+        return -1;
+    k = d->count++;
+    d->hashes[k] = h;
+    d->reps[k] = i;
+    d->slots[at] = (h >> 32) << 32 | (uint64_t)(k + 1);
+    if ((uint64_t)d->count * 2 > d->mask + 1 && distinct_resize(d, 2 * (d->mask + 1)) < 0)
+        return -1;
+    return k;
+}
+
+/* node rep's value is the slice `key` (ctx: the values by node id: names, shapes) */
+static int same_slice(const void *ctx, Py_ssize_t rep, const void *key) {
+    Slice a = ((const Slice *)ctx)[rep], b = *(const Slice *)key;
+    return a.n == b.n && !memcmp(a.p, b.p, (size_t)a.n);
 }
 
 static PyObject *decode(Slice s) { return PyUnicode_DecodeUTF8(s.p, s.n, "strict"); }
@@ -725,15 +772,20 @@ static void shared_strings_clear(SharedStrings *seen) {
 }
 
 /* The source of an input string: its node and output index, -1 for a control input. */
-static Py_ssize_t resolve_input(const NameTable *t, Slice in,
+static Py_ssize_t node_named(const Distinct *names, const Slice *name_of, Slice name) {
+    Py_ssize_t k = distinct_find(names, slice_hash(name), same_slice, name_of, &name, NULL);
+    return k < 0 ? -1 : names->reps[k];
+}
+
+static Py_ssize_t resolve_input(const Distinct *t, const Slice *name_of, Slice in,
                                 long long *k) {
-    Py_ssize_t src = table_find(t, in); /* the common case: output 0, written bare */
+    Py_ssize_t src = node_named(t, name_of, in); /* the common case: output 0, written bare */
     *k = 0;
     if (src >= 0) return src;
     if (in.n && in.p[0] == '^') {
         *k = -1;
         Slice name = {in.p + 1, in.n - 1};
-        return table_find(t, name);
+        return node_named(t, name_of, name);
     }
     Py_ssize_t colon = in.n - 1;
     while (colon >= 0 && in.p[colon] != ':') colon--;
@@ -746,7 +798,47 @@ static Py_ssize_t resolve_input(const NameTable *t, Slice in,
     }
     *k = v;
     Slice name = {in.p, colon};
-    return table_find(t, name);
+    return node_named(t, name_of, name);
+}
+
+static const char *MALFORMED = "not a serialized GraphDef";
+
+/* The nodes of a serialized GraphDef, and with `inputs` their input strings, into growing
+ * arrays; -1 with an exception set on malformed bytes or no memory. */
+static int scan_nodes(const unsigned char *p, const unsigned char *end, NodeSlices **nodes,
+                      Py_ssize_t *n, Slice **inputs, Py_ssize_t *n_inputs) {
+    Py_ssize_t nodes_cap = 0, inputs_cap = 0;
+    Slice node;
+    int more;
+    while ((more = next_node(&p, end, &node)) > 0) {
+        if (grow((void **)nodes, &nodes_cap, *n + 1, sizeof(NodeSlices)) < 0) return -1;
+        NodeSlices *ns = &(*nodes)[(*n)++];
+        memset(ns, 0, sizeof(*ns));
+        ns->node = node;
+        ns->first_input = inputs ? *n_inputs : 0;
+        const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
+        uint64_t number;
+        Slice value;
+        int field;
+        while ((field = next_bytes_field(&q, qend, &number, &value)) > 0) {
+            if (number == 1) ns->name = value;
+            else if (number == 2) ns->op = value;
+            else if (number == 4) ns->device = value;
+            else if (number == 3 && inputs) {
+                if (grow((void **)inputs, &inputs_cap, *n_inputs + 1, sizeof(Slice)) < 0)
+                    return -1;
+                (*inputs)[(*n_inputs)++] = value;
+                ns->inputs++;
+            }
+        }
+        if (field < 0) more = -1;
+        if (more < 0) break;
+    }
+    if (more < 0) {
+        PyErr_SetString(PyExc_ValueError, MALFORMED);
+        return -1;
+    }
+    return 0;
 }
 
 /* read_graph(serialized GraphDef, start=0) -> (names, ops, devices, id_of of the nodes from
@@ -760,8 +852,9 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     const unsigned char *p = buf.buf, *end = p + buf.len;
     NodeSlices *nodes = NULL;
     Slice *inputs = NULL;
-    Py_ssize_t n = 0, nodes_cap = 0, n_inputs = 0, inputs_cap = 0;
-    NameTable table = {NULL, NULL, 0};
+    Py_ssize_t n = 0, n_inputs = 0;
+    Distinct table;
+    memset(&table, 0, sizeof(table));
     Slice *name_slices = NULL;
     Py_ssize_t *tensor_head = NULL, n_tensors = 0, tensors_cap = 0;
     TensorEntry *tensors = NULL;
@@ -771,55 +864,30 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
              *control_inputs = NULL, *consumers = NULL, *control_consumers = NULL,
              *result = NULL;
     SharedStrings seen = {NULL, NULL, 0, 0, 0};
-    const char *malformed = "read_graph: not a serialized GraphDef";
-    Slice node;
-    int more;
-    while ((more = next_node(&p, end, &node)) > 0) {
-        if (grow((void **)&nodes, &nodes_cap, n + 1, sizeof(NodeSlices)) < 0) goto done;
-        NodeSlices *ns = &nodes[n++];
-        memset(ns, 0, sizeof(*ns));
-        ns->first_input = n_inputs;
-        const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
-        uint64_t number;
-        Slice value;
-        int field;
-        while ((field = next_bytes_field(&q, qend, &number, &value)) > 0) {
-            if (number == 1) ns->name = value;
-            else if (number == 2) ns->op = value;
-            else if (number == 4) ns->device = value;
-            else if (number == 3) {
-                if (grow((void **)&inputs, &inputs_cap, n_inputs + 1, sizeof(Slice)) < 0)
-                    goto done;
-                inputs[n_inputs++] = value;
-                ns->inputs++;
-            }
-        }
-        if (field < 0) goto bad;
-    }
-    if (more < 0) goto bad;
-    uint64_t slots = 16;
-    while (slots < 2 * (uint64_t)n) slots *= 2;
-    table.mask = slots - 1;
+    if (scan_nodes(p, end, &nodes, &n, &inputs, &n_inputs) < 0) goto done;
     if (n >= INT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "read_graph: too many nodes");
         goto done;
     }
-    table.slots = PyMem_Calloc(slots, sizeof(uint64_t));
+    if (distinct_reserve(&table, n) < 0) goto done;
     name_slices = PyMem_Malloc(((size_t)n + 1) * sizeof(Slice));
     if (name_slices)
         for (Py_ssize_t i = 0; i < n; i++) name_slices[i] = nodes[i].name;
-    table.names = name_slices;
     ids = PyMem_Calloc((size_t)n + 1, sizeof(PyObject *));
     max_out = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
     tensor_head = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     if (tensor_head)
         for (Py_ssize_t i = 0; i < n; i++) tensor_head[i] = -1;
-    if (!table.slots || !name_slices || !ids || !max_out || !tensor_head) {
+    if (!name_slices || !ids || !max_out || !tensor_head) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (table_add(&table, i)) {
+        Py_ssize_t before = table.count;
+        if (distinct_id(&table, slice_hash(name_slices[i]), i, same_slice, name_slices,
+                        &name_slices[i]) < 0)
+            goto done;
+        if (table.count == before) { /* an earlier node has this name */
             PyObject *name = decode(nodes[i].name);
             if (name) result = Py_BuildValue("(sN)", "duplicate", name);
             goto done;
@@ -863,7 +931,7 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
         for (Py_ssize_t e = 0; e < nodes[i].inputs; e++) {
             Slice in = inputs[nodes[i].first_input + e];
             long long k;
-            Py_ssize_t src = resolve_input(&table, in, &k);
+            Py_ssize_t src = resolve_input(&table, name_slices, in, &k);
             if (src < 0) {
                 PyObject *text = decode(in);
                 if (text) result = Py_BuildValue("(snN)", "missing", i, text);
@@ -909,15 +977,12 @@ static PyObject *read_graph(PyObject *self, PyObject *args) {
     if (!max_list) goto done;
     result = Py_BuildValue("(OOOOOOOON)", names, ops, devices, id_of, data_inputs,
                            control_inputs, consumers, control_consumers, max_list);
-    goto done;
-bad:
-    PyErr_SetString(PyExc_ValueError, malformed);
 done:
     if (ids)
         for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(ids[i]);
     PyMem_Free(ids);
     PyMem_Free(max_out);
-    PyMem_Free(table.slots);
+    distinct_clear(&table);
     PyMem_Free(name_slices);
     for (Py_ssize_t e = 0; e < n_tensors; e++) Py_DECREF(tensors[e].tuple);
     PyMem_Free(tensors);
@@ -940,68 +1005,6 @@ done:
 /* ------------------------------------------------------------------------------------ */
 /* What the attrs of nodes say (graphmem/graph/index.py, _attr_facts)                    */
 /* ------------------------------------------------------------------------------------ */
-
-/* A set of distinct values, each named by the first node that has it (its representative):
- * open addressing over (hash tag, distinct id + 1) slots, grown at half full. */
-typedef struct {
-    uint64_t *slots, mask;
-    uint64_t *hashes;    /* per distinct value */
-    Py_ssize_t *reps;    /* per distinct value: its first node */
-    Py_ssize_t count, hashes_cap, reps_cap;
-} Distinct;
-
-typedef int (*SameValue)(const void *ctx, Py_ssize_t a, Py_ssize_t b);
-
-static void distinct_clear(Distinct *d) {
-    PyMem_Free(d->slots);
-    PyMem_Free(d->hashes);
-    PyMem_Free(d->reps);
-}
-
-static int distinct_resize(Distinct *d, uint64_t size) {
-    uint64_t *slots = PyMem_Calloc(size, sizeof(uint64_t));
-    if (!slots) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k < d->count; k++) {
-        uint64_t at = d->hashes[k] & (size - 1);
-        while (slots[at]) at = (at + 1) & (size - 1);
-        slots[at] = (d->hashes[k] >> 32) << 32 | (uint64_t)(k + 1);
-    }
-    PyMem_Free(d->slots);
-    d->slots = slots;
-    d->mask = size - 1;
-    return 0;
-}
-
-/* the distinct id of node i's value of hash h (a new one when no earlier node had it) */
-static Py_ssize_t distinct_id(Distinct *d, uint64_t h, Py_ssize_t i, SameValue same,
-                              const void *ctx) {
-    if (!d->slots && distinct_resize(d, 64) < 0) return -1;
-    uint64_t tag = h >> 32, at = h & d->mask;
-    for (;; at = (at + 1) & d->mask) {
-        uint64_t v = d->slots[at];
-        if (!v) break;
-        Py_ssize_t k = (Py_ssize_t)(v & 0xffffffffu) - 1;
-        if (v >> 32 == tag && d->hashes[k] == h && same(ctx, d->reps[k], i)) return k;
-    }
-    if (grow((void **)&d->hashes, &d->hashes_cap, d->count + 1, sizeof(uint64_t)) < 0 ||
-        grow((void **)&d->reps, &d->reps_cap, d->count + 1, sizeof(Py_ssize_t)) < 0)
-        return -1;
-    Py_ssize_t k = d->count++;
-    d->hashes[k] = h;
-    d->reps[k] = i;
-    d->slots[at] = tag << 32 | (uint64_t)(k + 1);
-    if ((uint64_t)d->count * 2 > d->mask + 1 && distinct_resize(d, 2 * (d->mask + 1)) < 0)
-        return -1;
-    return k;
-}
-
-typedef struct {
-    Slice node, op, shapes; /* the NodeDef, its op, its `_output_shapes` value */
-    int has_shapes;
-} AttrNode;
 
 static const char OUTPUT_SHAPES[] = "_output_shapes";
 
@@ -1034,9 +1037,10 @@ static int next_attr(const unsigned char **p, const unsigned char *end, Slice *e
     return r;
 }
 
-/* nodes a and b: the same op and the same attrs, `_output_shapes` aside, in order */
-static int same_signature(const void *ctx, Py_ssize_t a, Py_ssize_t b) {
-    const AttrNode *nodes = ctx;
+/* nodes a and *key: the same op and the same attrs, `_output_shapes` aside, in order */
+static int same_signature(const void *ctx, Py_ssize_t a, const void *key) {
+    const NodeSlices *nodes = ctx;
+    Py_ssize_t b = *(const Py_ssize_t *)key;
     Slice oa = nodes[a].op, ob = nodes[b].op;
     if (oa.n != ob.n || memcmp(oa.p, ob.p, (size_t)oa.n)) return 0;
     const unsigned char *p = (const unsigned char *)nodes[a].node.p, *pend = p + nodes[a].node.n;
@@ -1048,12 +1052,6 @@ static int same_signature(const void *ctx, Py_ssize_t a, Py_ssize_t b) {
         if (!ra) return 1;
         if (ea.n != eb.n || memcmp(ea.p, eb.p, (size_t)ea.n)) return 0;
     }
-}
-
-static int same_shapes(const void *ctx, Py_ssize_t a, Py_ssize_t b) {
-    const AttrNode *nodes = ctx;
-    Slice x = nodes[a].shapes, y = nodes[b].shapes;
-    return x.n == y.n && !memcmp(x.p, y.p, (size_t)x.n);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -1072,65 +1070,54 @@ static PyObject *read_attrs(PyObject *self, PyObject *args) {
     Py_ssize_t start;
     if (!PyArg_ParseTuple(args, "y*n", &buf, &start)) return NULL;
     const unsigned char *p = buf.buf, *end = p + buf.len;
-    AttrNode *nodes = NULL;
-    Py_ssize_t n = 0, cap = 0, *sig_of = NULL, *shape_of = NULL;
+    NodeSlices *nodes = NULL;
+    Slice *shapes_of = NULL; /* per node: its `_output_shapes` value */
+    Py_ssize_t n = 0, *sig_of = NULL, *shape_of = NULL;
     Distinct sigs, shapes;
     memset(&sigs, 0, sizeof(sigs));
     memset(&shapes, 0, sizeof(shapes));
     PyObject *result = NULL, *values = NULL;
-    Slice node;
-    int more;
-    while ((more = next_node(&p, end, &node)) > 0) {
-        if (grow((void **)&nodes, &cap, n + 1, sizeof(AttrNode)) < 0) goto done;
-        AttrNode *an = &nodes[n++];
-        memset(an, 0, sizeof(*an));
-        an->node = node;
-        const unsigned char *q = (const unsigned char *)node.p, *qend = q + node.n;
-        uint64_t number;
-        Slice value;
-        int field;
-        while ((field = next_bytes_field(&q, qend, &number, &value)) > 0)
-            if (number == 2) an->op = value;
-        if (field < 0) goto bad;
-    }
-    if (more < 0) goto bad;
+    if (scan_nodes(p, end, &nodes, &n, NULL, NULL) < 0) goto done;
     if (start < 0 || start > n) start = n;
     sig_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
     shape_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
-    if (!sig_of || !shape_of) {
+    shapes_of = PyMem_Calloc((size_t)n + 1, sizeof(Slice));
+    if (!sig_of || !shape_of || !shapes_of) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = start; i < n; i++) {
-        AttrNode *an = &nodes[i];
-        uint64_t h = slice_hash(an->op);
-        const unsigned char *q = (const unsigned char *)an->node.p, *qend = q + an->node.n;
+        uint64_t h = slice_hash(nodes[i].op);
+        const unsigned char *q = (const unsigned char *)nodes[i].node.p;
+        const unsigned char *qend = q + nodes[i].node.n;
         Slice entry;
-        int r;
-        while ((r = next_attr(&q, qend, &entry, &an->shapes, &an->has_shapes)) > 0)
+        int r, has_shapes = 0;
+        while ((r = next_attr(&q, qend, &entry, &shapes_of[i], &has_shapes)) > 0)
             h = mix(h, slice_hash(entry));
-        if (r < 0) goto bad;
-        if ((sig_of[i - start] = distinct_id(&sigs, h, i, same_signature, nodes)) < 0) goto done;
+        if (r < 0) {
+            PyErr_SetString(PyExc_ValueError, MALFORMED);
+            goto done;
+        }
+        if ((sig_of[i - start] = distinct_id(&sigs, h, i, same_signature, nodes, &i)) < 0)
+            goto done;
         shape_of[i - start] = -1;
-        if (an->has_shapes &&
-            (shape_of[i - start] = distinct_id(&shapes, slice_hash(an->shapes), i, same_shapes,
-                                               nodes)) < 0)
+        if (has_shapes &&
+            (shape_of[i - start] = distinct_id(&shapes, slice_hash(shapes_of[i]), i, same_slice,
+                                               shapes_of, &shapes_of[i])) < 0)
             goto done;
     }
     if (!(values = PyList_New(shapes.count))) goto done;
     for (Py_ssize_t k = 0; k < shapes.count; k++) {
-        Slice v = nodes[shapes.reps[k]].shapes;
+        Slice v = shapes_of[shapes.reps[k]];
         PyObject *b = PyBytes_FromStringAndSize(v.p, v.n);
         if (!b) goto done;
         PyList_SET_ITEM(values, k, b);
     }
     result = Py_BuildValue("(NNNO)", int_list(sig_of, n - start), int_list(sigs.reps, sigs.count),
                            int_list(shape_of, n - start), values);
-    goto done;
-bad:
-    PyErr_SetString(PyExc_ValueError, "read_attrs: not a serialized GraphDef");
 done:
     PyMem_Free(nodes);
+    PyMem_Free(shapes_of);
     PyMem_Free(sig_of);
     PyMem_Free(shape_of);
     distinct_clear(&sigs);

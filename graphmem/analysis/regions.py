@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import compress
 
 from graphmem.errors import InputError
 from graphmem.graph import dtypes
@@ -54,12 +55,10 @@ def is_parameter_read(index: GraphIndex, i: int) -> bool:
 
 
 def parameter_reads(index: GraphIndex) -> set[int]:
-    """Every op `is_parameter_read` holds for, found in one scan of the ops (the Identity
-    reads of a variable among them) rather than one call per op."""
-    ops, data_inputs = index.ops, index.data_inputs
-    found = [i for i, op in enumerate(ops) if op in _PARAMETER_OPS_OR_IDENTITY]
-    return {i for i in found if ops[i] != "Identity"
-            or (len(data_inputs[i]) == 1 and ops[data_inputs[i][0][0]] in VARIABLE_OPS)}
+    """Every op `is_parameter_read` holds for, asked only of the op types it can hold for
+    (one scan of the ops, not one call per op)."""
+    candidates = map(_PARAMETER_OPS_OR_IDENTITY.__contains__, index.ops)
+    return {i for i in compress(range(len(index)), candidates) if is_parameter_read(index, i)}
 
 
 @dataclass
@@ -123,9 +122,11 @@ def _unread_identityn(index: GraphIndex, roots: set[int]) -> set[int]:
 
 
 def scope_matcher(scopes: tuple[str, ...] | list[str] | None):
-    if not scopes:  # the defaults: a substring test first spares most names the regex
+    if not scopes:  # the defaults: a substring test first spares most names the regex, and
+        # a name that starts with a default scope matches without it
         search = _DEFAULT_SCOPES.search
-        return lambda name: "gradient" in name and search(name) is not None
+        return lambda name: "gradient" in name and (
+            name.startswith(_DEFAULT_PREFIXES) or search(name) is not None)
     patterns = [re.compile(s) for s in scopes]
     return lambda name: any(p.search(name) for p in patterns)
 
@@ -137,7 +138,7 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     walks."""
     n = len(index)
     in_scope = scope_matcher(backward_scopes)
-    seeds = _backward_seeds(index, backward_scopes, in_scope)
+    seeds = _backward_seeds(index, in_scope)
     if not seeds:
         raise InputError("found no backward ops (no gradients/ or gradient_tape/ scope); "
                          "is this a training graph? (name the scope with --backward-scope)")
@@ -184,19 +185,12 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})
 
 
-def _backward_seeds(index: GraphIndex, backward_scopes, in_scope) -> list[int]:
+def _backward_seeds(index: GraphIndex, in_scope) -> list[int]:
     """The ops of the gradient scopes, less the accumulators that the gradient made for the
     forward v2 loops (empty tensor lists the forward loop pushes its per-step values into,
     and the constants only they read). Those compute nothing on gradients; as seeds they
     would make each forward loop, and every forward op after it, backward."""
-    if backward_scopes:
-        scoped = [i for i, name in enumerate(index.names) if in_scope(name)]
-    else:  # scope_matcher's default test, inline (no call per name); a name that starts
-        # with a default scope matches without the regex
-        search = _DEFAULT_SCOPES.search
-        scoped = [i for i, name in enumerate(index.names)
-                  if "gradient" in name
-                  and (name.startswith(_DEFAULT_PREFIXES) or search(name) is not None)]
+    scoped = list(compress(range(len(index)), map(in_scope, index.names)))
     ops = index.ops
     accumulators = {i for i in scoped if ops[i] in _ACCUMULATOR_OPS
                     and _forward_loop_accumulator(index, i, in_scope)}

@@ -265,6 +265,18 @@ class GraphIndex:
             preds = [s for s, _ in self.data_inputs[i]]
         return preds + self.control_inputs[i]
 
+    def ordering_data_inputs(self) -> list[list[Tensor]]:
+        """`data_inputs` less each Merge's loop back edges (from NextIteration), which a
+        topological order ignores: a copy of the list only when the graph has Merges."""
+        ops, data_inputs = self.ops, self.data_inputs
+        if "Merge" not in ops and "RefMerge" not in ops:
+            return data_inputs
+        data_inputs = list(data_inputs)
+        for i in compress(range(len(ops)), map(_MERGES.__contains__, ops)):
+            data_inputs[i] = [t for t in data_inputs[i]
+                              if ops[t[0]] not in ("NextIteration", "RefNextIteration")]
+        return data_inputs
+
     def _toposort(self) -> None:
         """Kahn's algorithm over data and control edges, ignoring loop back edges."""
         n = len(self.names)
@@ -282,13 +294,7 @@ class GraphIndex:
         """`kahn` over `ordering_preds` of every node, without building the predecessor
         lists: successor lists come straight from the edges (the same lists, so the same
         order). In C when graphmem's extension is built (native.py)."""
-        ops = self.ops
-        data_inputs = self.data_inputs
-        if "Merge" in ops or "RefMerge" in ops:  # a Merge waits for no back edge
-            data_inputs = list(data_inputs)
-            for i in compress(range(len(ops)), map(_MERGES.__contains__, ops)):
-                data_inputs[i] = [t for t in data_inputs[i]
-                                  if ops[t[0]] not in ("NextIteration", "RefNextIteration")]
+        data_inputs = self.ordering_data_inputs()
         if native is not None:
             return native.kahn(data_inputs, self.control_inputs)
         n = len(self.names)
@@ -701,10 +707,11 @@ def _attr_facts(nodes, ops: list[str], start: int, end: int, registry: OpRegistr
         stateful_of.append(stateful)
         types_of.append(types)
         if "_output_shapes" in attrs:
-            key = attrs["_output_shapes"].SerializeToString()
+            value = attrs["_output_shapes"]
+            key = value.SerializeToString()
             shapes = shape_cache.get(key)
             if shapes is None:
-                shapes = shape_cache[key] = _output_shapes(node)
+                shapes = shape_cache[key] = _shapes_in(value)
             shapes_of.append(shapes)
         else:
             shapes_of.append(None)
@@ -770,12 +777,6 @@ def _inner_unknown(shapes: list[list[int] | None], types) -> bool:
 
 def _known_dims(shapes: list[list[int] | None] | None) -> int:
     return sum(1 for s in shapes or () if s is not None for d in s if d >= 0)
-
-
-def _output_shapes(node: Message) -> list[list[int] | None] | None:
-    if "_output_shapes" not in node.attr:
-        return None
-    return _shapes_in(node.attr["_output_shapes"])
 
 
 def _shapes_in(attr: Message) -> list[list[int] | None]:

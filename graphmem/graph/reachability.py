@@ -24,7 +24,6 @@ from collections import deque
 from graphmem.graph.index import GraphIndex
 
 MAX_LANDMARKS = 8  # one bit each in a byte per op
-_BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
 
 
 class Reachability:
@@ -32,13 +31,10 @@ class Reachability:
                  ) -> None:
         self.index = index
         n = len(index)
-        ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
-        pairs = zip(data_inputs, control_inputs, strict=True)
+        control_inputs = index.control_inputs
+        # the loops' back edges left out
+        pairs = zip(index.ordering_data_inputs(), control_inputs, strict=True)
         preds = [[t[0] for t in data] + ctrl for data, ctrl in pairs]
-        if "Merge" in ops or "RefMerge" in ops:  # leave out the loops' back edges
-            for i in [i for i, op in enumerate(ops) if op in ("Merge", "RefMerge")]:
-                preds[i] = [s for s, _ in data_inputs[i]
-                            if ops[s] not in _BACK_EDGE_SOURCES] + control_inputs[i]
         succ: list[list[int]] = [[] for _ in range(n)]
         for i, p in enumerate(preds):  # each op's successors in increasing id order
             for s in p:
