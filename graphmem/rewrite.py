@@ -45,6 +45,16 @@ MODEL_SLACK = 0.02
 # and estimate), and the model solves that may take to find them
 BISECT_STEPS = 3
 BISECT_PROBES = 8
+# The memory policy writes the plan with the lowest estimated peak of those it tries; a plan
+# within this share of that peak is as good (the estimate's own error is larger), and the one
+# of them with the least recompute is written: never a plan another one beats on both.
+MEMORY_TOLERANCE = 0.03
+# Budget-model plans the memory policy tries above the model's lowest peak (as shares of
+# it): cheaper plans that may peak about as low once applied and estimated.
+MEMORY_PROBES = (1.1, 1.25)
+# Graphs with more nodes than this get the heuristic plan alone (one apply and estimate
+# instead of about six): on them the tool's own time is what a user waits for.
+MEMORY_SEARCH_NODES = 60_000
 
 
 @dataclass
@@ -143,7 +153,12 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
             # remove most of it, and a base from the original would buy recompute for nothing
             base_peak = early_updates_peak(ws, index, regions, facts, options)
             restore()
-        if budget is None:
+        if budget is None and options.policy == "memory" and _searches_memory(options,
+                                                                                len(index)):
+            best = _memory_plan(ws, index, regions, facts, options, restore)
+            choice, checkpoints, after = best.choice, best.checkpoints, best.after
+            plan, swap_plan, early, new_index, new_regions, loops, loops_v1 = best.passes
+        elif budget is None:
             choice = choose_checkpoints(options.policy, index, regions, facts, options.batch_size,
                                         options.checkpoint_patterns, ws.collection("checkpoints"))
             checkpoints = _checkpoint_facts(index, choice.tensors, options.batch_size)
@@ -237,17 +252,15 @@ def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, 
                 len(runs) >= new_plans:
             break
         attempt((max(fit) + min(over)) // 2)
-    for policy in ("memory", "speed", "memory_top"):
-        alt = choose_checkpoints(policy.removesuffix("_top"), index, regions, facts,
-                                 options.batch_size)
-        if policy == "memory_top":
-            alt.tensors = keep_top_segment(index, regions, alt.tensors,
-                                           candidate_tensors(index, regions, facts))
-        alt_facts = _checkpoint_facts(index, alt.tensors, options.batch_size)
-        passes = _apply_passes(ws, index, regions, facts, alt, alt_facts, options)
-        runs.append(_Run(policy, alt, alt_facts, passes, _estimate(ws, passes[4], options),
-                         copied_flops(passes[3], options.batch_size)))
-        restore()
+    # the memory policy's candidates (its heuristic's plans, and the model's lowest ones)
+    # and the speed policy's
+    runs.extend(_memory_runs(ws, index, regions, facts, options, restore, base_peak))
+    speed = choose_checkpoints("speed", index, regions, facts, options.batch_size)
+    speed_facts = _checkpoint_facts(index, speed.tensors, options.batch_size)
+    passes = _apply_passes(ws, index, regions, facts, speed, speed_facts, options)
+    runs.append(_Run("speed", speed, speed_facts, passes, _estimate(ws, passes[4], options),
+                     copied_flops(passes[3], options.batch_size)))
+    restore()
     fitting = [r for r in runs if r.after.peak_bytes <= budget]
     best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
         min(runs, key=lambda r: r.after.peak_bytes)
@@ -263,6 +276,88 @@ def _budget_plan(ws: Workspace, index, regions, facts, options: RewriteOptions, 
                                         model_run, best)
         solution.chosen, solution.extra_flops = best.policy, best.extra_flops
     return best, solution
+
+
+def _searches_memory(options: RewriteOptions, nodes: int) -> bool:
+    """The memory policy tries several plans (`_memory_plan`) unless checkpoints are named,
+    tensors are swapped (the swap pass acts on the heuristic's checkpoints), or the graph
+    is big enough that the search would dominate the tool's time."""
+    return (options.policy in ("memory", "budget") and not options.checkpoint_patterns
+            and options.swap is None and nodes <= MEMORY_SEARCH_NODES)
+
+
+def _memory_plan(ws: Workspace, index, regions, facts, options: RewriteOptions,
+                 restore) -> _Run:
+    """The memory policy: the plan with the lowest estimated peak among `_memory_runs`;
+    among the plans within MEMORY_TOLERANCE of it, the one with the least recompute (so no
+    plan tried beats it on both). Leaves it applied."""
+    from graphmem.units import format_bytes
+
+    base_peak = early_updates_peak(ws, index, regions, facts, options) \
+        if options.early_updates else None
+    restore()
+    runs = _memory_runs(ws, index, regions, facts, options, restore, base_peak)
+    lowest = min(r.after.peak_bytes for r in runs)
+    best = min((r for r in runs if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
+               key=lambda r: (r.extra_flops, r.after.peak_bytes))
+    best.passes = _apply_passes(ws, index, regions, facts, best.choice, best.checkpoints,
+                                options)
+    how = {"memory": "the bottleneck heuristic's plan",
+           "memory_top": "the bottleneck heuristic's plan with its top segment kept",
+           "budget": "the budget model's plan"}[best.policy]
+    note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
+            f"of {len(runs)} plans tried, with the least recompute within "
+            f"{MEMORY_TOLERANCE:.0%} of it")
+    best.choice = replace(best.choice, policy="memory", note=note)
+    return best
+
+
+def _memory_runs(ws: Workspace, index, regions, facts, options: RewriteOptions, restore,
+                 base_peak: int | None) -> list[_Run]:
+    """The memory policy's candidate plans, each applied, estimated and undone: the
+    bottleneck heuristic's (about sqrt(N) bottlenecks spaced by bytes, and the same with its
+    top segment kept) and the budget model's lowest plans (every unit recomputed with the
+    best cuts kept, and the cheapest plans modelled MEMORY_PROBES above that). All are
+    estimated: the heuristic spaces cuts by bytes alone and keeps adjacent tensors; the
+    model is a chain and errs both ways. `base_peak`: the budget model's base (the peak
+    with early updates alone), None for the heuristic's estimate."""
+    from graphmem.passes.budget import choose_budget_checkpoints
+
+    runs: list[_Run] = []
+    candidates = candidate_tensors(index, regions, facts)
+
+    def run(policy: str, choice: CheckpointChoice, solution=None) -> None:
+        facts_of = _checkpoint_facts(index, choice.tensors, options.batch_size)
+        passes = _apply_passes(ws, index, regions, facts, choice, facts_of, options)
+        runs.append(_Run(policy, choice, facts_of, passes, _estimate(ws, passes[4], options),
+                         copied_flops(passes[3], options.batch_size), solution))
+        restore()
+
+    heuristic = choose_checkpoints("memory", index, regions, facts, options.batch_size)
+    run("memory", heuristic)
+    top = replace(heuristic, tensors=keep_top_segment(index, regions, heuristic.tensors,
+                                                      candidates))
+    if top.tensors != heuristic.tensors:
+        run("memory_top", top)
+    if not _searches_memory(options, len(index)):
+        return runs
+    if base_peak is None:
+        base_peak = runs[0].after.peak_bytes
+    seen: set[tuple[bool, ...]] = set()
+    choice, solution = choose_budget_checkpoints(index, regions, facts, candidates,
+                                                 options.batch_size, 0, base_peak)
+    if solution is None:
+        return runs
+    floor = solution.min_peak
+    for share in (1.0, *MEMORY_PROBES):
+        choice, solution = choose_budget_checkpoints(index, regions, facts, candidates,
+                                                     options.batch_size, int(floor * share),
+                                                     base_peak)
+        key = tuple(solution.recompute)
+        if key not in seen and choice.tensors:
+            seen.add(key)
+            run("budget", choice, solution)
+    return runs
 
 
 def _restore_functions(ws: Workspace) -> None:

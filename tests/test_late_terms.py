@@ -113,3 +113,28 @@ def test_a_term_another_op_waits_for_is_left_alone():
     g.op("gradients/waits", "NoOp", "^gradients/term", shape=())
     index = g.index()
     assert apply_late_terms(index, analyze_regions(index), None).terms == 0
+
+
+def test_decayed_weights_are_updated_as_soon_as_their_gradient_sum_exists(decayed_mlp):
+    """Issue 21: a weight's gradient is an `AddN` of its layer's gradient and its decay
+    term, each behind a `tuple` Identity (TF1's gate_gradients): the backward chain goes on
+    two levels up, from the layer gradient's sibling (the dx matmul). Every update gets an
+    edge to the backward op that continues the chain, so no weight gradient waits for the
+    end of the step (tf-slim's networks held all of them)."""
+    from graphmem.passes.early_updates import apply_early_updates
+
+    ws = Workspace.open(load_model(decayed_mlp))
+    index = ws.index
+    regions = analyze_regions(index)
+    apply_late_terms(index, regions, BATCH)
+    plan = apply_early_updates(index, regions)
+    # every update but the first layer's, whose gradient ends the backward pass
+    assert plan.skipped == {"no backward op after the gradient": 1}, plan.skipped
+    assert plan.updates == LAYERS
+    new = ws.reindex()  # no cycle
+    for i in range(1, LAYERS):
+        update = new.id_of[f"Momentum/update_w{i}/ResourceApplyMomentum"]
+        waiting = [new.names[c] for c in range(len(new)) if update in new.control_inputs[c]]
+        # the chain below layer i: the gradient flowing into layer i-1's relu
+        assert any(name.startswith(f"gradients/Relu{'_' + str(i - 1) if i > 1 else ''}_grad")
+                   for name in waiting), waiting

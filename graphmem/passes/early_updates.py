@@ -318,19 +318,29 @@ def _next_in_chain(index: GraphIndex, core: int, a: int, backward: set[int],
     made by a short private chain (Keras batch norm: Mul -> Sum -> Reshape) is continued
     from where that chain leaves the shared gradient."""
     out: set[int] = set()
+    chain = [core]  # the gradient's private chain, one level at a time
+    members = {core}
     for _ in range(_CHAIN_LEVELS):
-        ups = [u for u, _ in index.data_inputs[core]
-               if u in backward and index.ops[u] not in _NOT_GRADIENTS]
+        ups = list(dict.fromkeys(u for c in chain for u, _ in index.data_inputs[c]
+                                 if u in backward and u not in members
+                                 and index.ops[u] not in _NOT_GRADIENTS))
         for up in ups:
             for sibling in index.data_consumers(up):
-                if sibling == core or sibling not in backward:
+                if sibling in members or sibling not in backward:
                     continue
                 out.update(_readers_past_identities(index, sibling, backward, in_scope))
-        if not out and index.num_outputs[core] > 1:
-            out.update(_readers_past_identities(index, core, backward, in_scope))
-        if out or len(ups) != 1 or set(index.data_consumers(ups[0])) != {core}:
+        if not out:
+            for c in chain:
+                if index.num_outputs[c] > 1:
+                    out.update(_readers_past_identities(index, c, backward, in_scope))
+        # one level up through the sources that feed nothing but the chain: a weight's
+        # gradient summed with its weight-decay term (`AddN` of the filter gradient and
+        # the regularizer's, both behind `tuple` Identities) has two private sources
+        members.update(ups)
+        chain = [u for u in ups if all(c in members for c in index.data_consumers(u))]
+        if out or not chain:
             break
-        core = ups[0]  # the gradient's only source reads nothing else: one level up
+    out -= members
     out.discard(a)
     return sorted(out)
 
