@@ -68,8 +68,10 @@ def _legacy_layers_shim() -> None:
                 f"tf_keras.src.legacy_tf_layers.{sub}")
 
 
-def build(name: str, path: Path, side: int) -> None:
-    """Write `name` as a TF1 training MetaGraphDef at `path`."""
+def build(name: str, path: Path, side: int, minimize=None) -> None:
+    """Write `name` as a TF1 training MetaGraphDef at `path`. `minimize(loss, opt)`, when
+    given, makes the train op instead of slim's `create_train_op` (a peer's gradients),
+    under the same wait for `UPDATE_OPS`."""
     import tensorflow as tf
 
     _legacy_layers_shim()
@@ -82,6 +84,9 @@ def build(name: str, path: Path, side: int) -> None:
     nets = {
         "resnet_v1_50": (resnet_v1.resnet_v1_50, resnet_v1.resnet_arg_scope),
         "resnet_v2_50": (resnet_v2.resnet_v2_50, resnet_v2.resnet_arg_scope),
+        "resnet_v1_101": (resnet_v1.resnet_v1_101, resnet_v1.resnet_arg_scope),
+        "inception_v1": (inception.inception_v1, inception.inception_v1_arg_scope),
+        "inception_v2": (inception.inception_v2, inception.inception_v2_arg_scope),
         "inception_v3": (inception.inception_v3, inception.inception_v3_arg_scope),
         "vgg_16": (vgg.vgg_16, vgg.vgg_arg_scope),
         "alexnet_v2": (alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope),
@@ -106,7 +111,11 @@ def build(name: str, path: Path, side: int) -> None:
             v1.losses.sparse_softmax_cross_entropy(y, aux, weights=0.4)
         loss = v1.losses.get_total_loss()
         opt = v1.train.MomentumOptimizer(0.01, 0.9)
-        train_op = slim.learning.create_train_op(loss, opt)
+        if minimize is None:
+            train_op = slim.learning.create_train_op(loss, opt)
+        else:
+            with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+                train_op = minimize(loss, opt)
         coll = v1.get_collection_ref("train_op")
         if train_op not in coll:
             coll.append(train_op)

@@ -434,7 +434,15 @@ def plan(model, fmt, tag, function, batch_size, points, plot, as_json):
         table.add_row(p.label, format_bytes(p.peak_bytes),
                       f"{p.peak_bytes / max(result.original_peak_bytes, 1):.2f}",
                       f"+{p.extra_flops_share:.0%}", p.how)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    if result.floor.get("bytes"):
+        console.print(f"floor {format_bytes(result.floor['bytes'])} "
+                      f"({result.floor['bytes'] / max(result.original_peak_bytes, 1):.2f}x): "
+                      f"no plan peaks lower ({result.floor['op']} runs with its inputs and "
+                      "outputs)")
+    if result.floor_note:
+        console.print(result.floor_note)
 
 
 def run() -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import analyze_forward
+from graphmem.analysis.floor import step_floor
+from graphmem.analysis.inspect import floor_facts
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.spine import analyze_spine
 from graphmem.estimate import estimate_step
@@ -38,6 +40,14 @@ class Tradeoff:
     smallest_peak_bytes: int = 0  # estimated peak of the lowest plan found (the bottom)
     points: list[TradeoffPoint] = field(default_factory=list)
     policies: list[TradeoffPoint] = field(default_factory=list)
+    # the peak no plan can go under (analysis/floor.py: bytes, op, parts), and why the
+    # lowest plan stays above it when it is more than FLOOR_GAP over
+    floor: dict = field(default_factory=dict)
+    floor_note: str = ""
+
+
+# The lowest plan is expected within this factor of the floor; further up, `plan` says why.
+FLOOR_GAP = 1.2
 
 
 def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
@@ -49,6 +59,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
         regions = analyze_regions(index, None, batch_size, ws.collection("losses"))
     facts = analyze_forward(index, regions)
     original = estimate_step(ws, regions, batch_size).peak_bytes
+    floor = step_floor(index, regions, batch_size)
     spine = analyze_spine(index, regions, facts, set(candidate_tensors(index, regions, facts)),
                           batch_size)
     units = build_units(index, spine, batch_size)
@@ -76,6 +87,14 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
             points.append(TradeoffPoint(f"budget {budget / original:.2f}", sol.model_peak,
                                         sol.extra_flops / total, "model"))
     result.points = _pareto(points)
+    result.floor = floor_facts(floor)
+    if floor.bytes and result.smallest_peak_bytes > FLOOR_GAP * floor.bytes:
+        result.floor_note = (
+            f"the lowest plan found peaks at {result.smallest_peak_bytes / floor.bytes:.1f}x "
+            "the floor: the floor is one op's footprint alone, while a plan that recomputes "
+            "each forward op about once more keeps checkpoints below the op it runs (only "
+            "recomputing from the input again and again, quadratic compute, would come "
+            "nearer)")
     for policy in ("memory", "speed"):
         ws_p = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
         res = rewrite_workspace(ws_p, RewriteOptions(policy, [], batch_size, keep_worse=True))

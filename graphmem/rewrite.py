@@ -317,9 +317,10 @@ def _memory_runs(ws: Workspace, index, regions, facts, options: RewriteOptions, 
     """The memory policy's candidate plans, each applied, estimated and undone: the
     bottleneck heuristic's (about sqrt(N) bottlenecks spaced by bytes, and the same with its
     top segment kept) and the budget model's lowest plans (every unit recomputed with the
-    best cuts kept, and the cheapest plans modelled MEMORY_PROBES above that). All are
-    estimated: the heuristic spaces cuts by bytes alone and keeps adjacent tensors; the
-    model is a chain and errs both ways. `base_peak`: the budget model's base (the peak
+    best cuts kept, and the cheapest plans modelled MEMORY_PROBES above that), with and
+    without the units' weight-gradient transients in the model. All are estimated: the
+    heuristic spaces cuts by bytes alone and keeps adjacent tensors; the model is a chain
+    and errs both ways. `base_peak`: the budget model's base (the peak
     with early updates alone), None for the heuristic's estimate."""
     from graphmem.passes.budget import choose_budget_checkpoints
 
@@ -344,19 +345,21 @@ def _memory_runs(ws: Workspace, index, regions, facts, options: RewriteOptions, 
     if base_peak is None:
         base_peak = runs[0].after.peak_bytes
     seen: set[tuple[bool, ...]] = set()
-    choice, solution = choose_budget_checkpoints(index, regions, facts, candidates,
-                                                 options.batch_size, 0, base_peak)
-    if solution is None:
-        return runs
-    floor = solution.min_peak
-    for share in (1.0, *MEMORY_PROBES):
+    for transients in (True, False):  # with each unit's weight-gradient transient or not
         choice, solution = choose_budget_checkpoints(index, regions, facts, candidates,
-                                                     options.batch_size, int(floor * share),
-                                                     base_peak)
-        key = tuple(solution.recompute)
-        if key not in seen and choice.tensors:
-            seen.add(key)
-            run("budget", choice, solution)
+                                                     options.batch_size, 0, base_peak,
+                                                     transients=transients)
+        if solution is None:
+            return runs
+        floor = solution.min_peak
+        for share in (1.0, *MEMORY_PROBES):
+            choice, solution = choose_budget_checkpoints(
+                index, regions, facts, candidates, options.batch_size, int(floor * share),
+                base_peak, transients=transients)
+            key = tuple(solution.recompute) + tuple(solution.keep_cut)
+            if key not in seen and choice.tensors:
+                seen.add(key)
+                run("budget", choice, solution)
     return runs
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from graphmem.analysis.floor import Floor, step_floor
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.analysis.variables import find_variables
 from graphmem.estimate import estimate_step
@@ -49,6 +50,9 @@ class InspectFacts:
     estimated_on: str  # "graph" or "grappler"
     timeline: list[int] = field(default_factory=list)
     estimate_notes: list[str] = field(default_factory=list)  # where the estimate may be short
+    # the step peak no recompute or swap plan can go under (analysis/floor.py): bytes, the
+    # op whose footprint sets it, and its parts
+    floor: dict = field(default_factory=dict)
 
 
 def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
@@ -118,5 +122,13 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         estimated_on="grappler" if grappler else "graph",
         timeline=mem.timeline,
         estimate_notes=mem.notes,
+        floor=floor_facts(step_floor(index, regions, batch_size)),
     )
     return facts, regions
+
+
+def floor_facts(floor: Floor) -> dict:
+    """The floor as inspect's and plan's JSON show it."""
+    return {"bytes": floor.bytes, "op": floor.op,
+            "parts": [{"name": p.name, "bytes": p.bytes, "role": p.role}
+                      for p in floor.parts]}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
-from graphmem.graph.index import GraphIndex, Tensor
+from graphmem.graph.index import GraphIndex, Tensor, nbytes
 
 MAX_UNITS = 400
 # Up to this many units the MILP solves in well under a second; beyond it HiGHS often runs
@@ -41,6 +41,11 @@ class Units:
     act: list[int]  # saved-activation bytes per unit
     flops: list[int]  # recompute cost per unit
     cut_bytes: list[int]  # bytes kept when cut k is a checkpoint
+    # bytes the backward pass of unit k holds besides activations and the incoming
+    # gradient: its largest weight's gradient, with the weight-decay term or update it
+    # meets (a VGG's first fully connected layer: 2 x 392 MiB while the layer's gradient
+    # is made, whatever is kept below it)
+    transient: list[int] | None = None
 
 
 @dataclass
@@ -57,7 +62,9 @@ class BudgetSolution:
     chosen: str = "budget"  # the plan written: the model's, or the memory or speed policy's
 
 
-def build_units(index: GraphIndex, spine: Spine, batch_size: int | None) -> Units:
+def build_units(index: GraphIndex, spine: Spine, batch_size: int | None,
+                transients: bool = False) -> Units:
+    """The chain of units; `transients`: model each unit's weight-gradient transient."""
     n = len(spine.order)
     cuts = sorted(spine.bottleneck_at)
     if len(cuts) < 8 and n > 1:  # few bottlenecks: add the cheapest cut of 32 stretches
@@ -73,20 +80,41 @@ def build_units(index: GraphIndex, spine: Spine, batch_size: int | None) -> Unit
                   for q in range(MAX_UNITS)}
         cuts = sorted(chosen)
     cuts = [c for c in cuts if c < n - 1]
-    act, flops = [], []
+    act, flops, transient = [], [], []
     start = 0
     for end in cuts + [n - 1]:
         act.append(sum(spine.weight[start:end + 1]))
         flops.append(sum(op_flops(index, spine.order[p], batch_size)
                          for p in range(start, end + 1)))
+        transient.append(WEIGHT_GRADIENT_COPIES * max(
+            (_weight_bytes(index, t, batch_size) for p in range(start, end + 1)
+             for t in index.data_inputs[spine.order[p]]), default=0))
         start = end + 1
-    return Units(cuts, act, flops, [spine.cut_bytes[c] for c in cuts])
+    return Units(cuts, act, flops, [spine.cut_bytes[c] for c in cuts],
+                 transient if transients else None)
+
+
+# A weight's gradient and the weight-decay term (or the optimizer's copy) it meets are live
+# together while the layer's backward runs.
+WEIGHT_GRADIENT_COPIES = 2
+
+
+def _weight_bytes(index: GraphIndex, t: Tensor, batch_size: int | None) -> int:
+    from graphmem.analysis.regions import is_parameter_read
+
+    if not is_parameter_read(index, t[0]):
+        return 0
+    return nbytes(index.shape(t), index.dtype(t), batch_size) or 0
 
 
 def grad_bytes(units: Units) -> list[int]:
-    """Bytes of the gradient flowing into each unit while its backward runs: the size of
-    the tensors crossing the cut above it (nothing above the top unit but the loss)."""
-    return [*units.cut_bytes, 0][:len(units.act)]
+    """Bytes the backward pass holds at each unit besides activations: the gradient flowing
+    in (the tensors crossing the cut above it; nothing above the top unit but the loss)
+    and the unit's weight-gradient transient."""
+    grads = [*units.cut_bytes, 0][:len(units.act)]
+    if units.transient:
+        grads = [g + t for g, t in zip(grads, units.transient, strict=True)]
+    return grads
 
 
 def model_base(units: Units, peak_without_recompute: int) -> int:
@@ -467,8 +495,9 @@ def checkpoints_for(spine: Spine, units: Units, solution: BudgetSolution,
 
 def choose_budget_checkpoints(index: GraphIndex, regions, facts, candidates: list[Tensor],
                               batch_size: int | None, budget: int, original_peak: int,
-                              time_limit: float = 20.0):
-    """(CheckpointChoice, BudgetSolution) for a budget in bytes."""
+                              time_limit: float = 20.0, transients: bool = False):
+    """(CheckpointChoice, BudgetSolution) for a budget in bytes (`transients`: see
+    build_units)."""
     from graphmem.analysis.spine import analyze_spine
     from graphmem.passes.checkpoints import CheckpointChoice
     from graphmem.units import format_bytes
@@ -478,7 +507,7 @@ def choose_budget_checkpoints(index: GraphIndex, regions, facts, candidates: lis
     if not spine.order:
         return CheckpointChoice("budget", [], "no recomputable forward spine",
                                 len(candidates)), None
-    units = build_units(index, spine, batch_size)
+    units = build_units(index, spine, batch_size, transients)
     base = model_base(units, original_peak)
     sol = solve_budget(units, base, budget, time_limit)
     picks = sorted(checkpoints_for(spine, units, sol, cand),

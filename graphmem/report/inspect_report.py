@@ -35,6 +35,11 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         f"{_PHASE_NOTE.get(facts.peak['phase'], '')}")
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
+    if facts.floor.get("bytes"):
+        parts = ", ".join(f"{p['role']} {p['name']} {format_bytes(p['bytes'])}"
+                          for p in facts.floor["parts"][:3])
+        console.print(f"floor [bold]{format_bytes(facts.floor['bytes'])}[/]: no recompute "
+                      f"or swap plan peaks lower; {facts.floor['op']} runs with {parts}")
 
     live = facts.peak["live"]
     if live:

@@ -1,0 +1,226 @@
+#!/usr/bin/env python
+"""Real networks at their canonical input sizes: graphmem's memory policy against the
+original, Grappler's memory optimizer and OpenAI's `memory_saving_gradients`, measured side
+by side in one run.
+
+Usage::
+
+    python benchmarks/networks_bench.py [--models resnet_v1_50,inception_v3,...]
+        [--batch 32] [--threads 1,2] [--processes 3] [--steps 3] [--warmup 0]
+        [--no-peer] [--no-verify] [--json FILE]
+
+The networks come from tf-slim (`pip install tf-slim tf-keras`; not graphmem dependencies)
+and are built as slim's own training scripts build them (benchmarks/slim_models_bench.py:
+weight decay, batch norm with its moving averages in `UPDATE_OPS`, Momentum, auxiliary heads),
+at the input size each network was designed for (224, or 299 for Inception v3). Variants:
+
+- `original`: the graph as built;
+- `grappler`: the original with Grappler's `RECOMPUTATION_HEURISTICS` memory optimizer on;
+- `graphmem`: `graphmem rewrite MODEL --policy memory` (the default policy), run through the
+  command line as a user runs it;
+- `openai`: the same network with OpenAI's `memory_saving_gradients` (its memory policy) in
+  place of `tf.gradients`, built by `../shared/peers/openai_peer.py` from git mirrors of its
+  public repositories (`GM_MIRRORS`, default `/work/.mirror`); the column is left out, with
+  the reason, when the peer cannot be made or raises on the network.
+
+Every variant's step is measured in `--processes` fresh processes per thread setting, the
+variants taking turns within each round (TF's executor order, and so the peak, changes from
+process to process): the table shows the median step peak above resident memory relative to
+the original's, the median step time likewise, and the peer's and graphmem's absolute peaks.
+`--warmup 100` measures TF's steady state instead of its first steps. With verification on,
+`graphmem verify --exact` trains the original and graphmem's rewrite for 3 steps with
+Grappler off at each thread setting: "same" means bit-identical losses and variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+PEERS = ROOT.parent / "shared" / "peers"
+MIB = 2 ** 20
+
+# name -> canonical input side
+SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
+         "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
+         "vgg_16": 224, "alexnet_v2": 224}
+DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
+
+
+def _build(name: str, side: int, path: Path, peer: bool) -> str | None:
+    """Build `name` into `path` in a child process (TF1 graph mode, a fresh graph); with
+    `peer`, OpenAI's gradients instead of tf.gradients. None, or why it failed."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from benchmarks.slim_models_bench import build
+peer = None
+if {peer!r}:
+    sys.path.insert(0, {str(PEERS)!r})
+    import openai_peer
+    openai_peer.module()
+    peer = lambda loss, opt: openai_peer.minimize(loss, opt, policy="memory")
+build({name!r}, Path({str(path)!r}), {side!r}, minimize=peer)
+"""
+    env = {**os.environ, "GM_MIRRORS": os.environ.get("GM_MIRRORS", "/work/.mirror"),
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return lines[-1] if lines else f"exit {proc.returncode}"
+    return None
+
+
+def _graphmem(*args: str) -> tuple[int, dict | None, str]:
+    proc = subprocess.run([sys.executable, "-m", "graphmem.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        doc = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
+        doc = None
+    err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+    return proc.returncode, doc, err
+
+
+def _measure_once(path: Path, batch: int, threads: int, steps: int, warmup: int,
+                  grappler_memory: str | None = None) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.measure", str(path), "--batch", str(batch),
+           "--threads", str(threads), "--steps", str(steps + 1), "--warmup", str(warmup)]
+    if grappler_memory:
+        cmd += ["--grappler-memory", grappler_memory]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _same_training(src: Path, out: Path, batch: int, threads: list[int]) -> str:
+    for t in threads:
+        _, doc, err = _graphmem("verify", str(src), str(out), "--exact", "--threads", str(t),
+                                "--batch-size", str(batch), "--steps", "3", "--json")
+        if doc is None:
+            return f"error: {err}"
+        if not doc["same_training"]:
+            return f"NO ({t} threads)"
+    return "same"
+
+
+def run_model(name: str, args, tmp: Path) -> dict:
+    side = SIDES[name]
+    row: dict = {"model": name, "side": side, "batch": args.batch, "notes": []}
+    src = tmp / f"{name}.meta"
+    why = _build(name, side, src, peer=False)
+    if why:
+        row["notes"].append(f"build failed: {why}")
+        return row
+    variants: dict[str, tuple[Path, str | None]] = {"original": (src, None),
+                                                    "grappler": (src, "RECOMPUTATION_HEURISTICS")}
+    out = tmp / f"{name}_graphmem.meta"
+    code, doc, err = _graphmem("rewrite", str(src), "-o", str(out), "--batch-size",
+                               str(args.batch), "--json")
+    if code != 0 or doc is None:
+        row["notes"].append(f"graphmem rewrite exit {code}: {err}")
+    else:
+        variants["graphmem"] = (out, None)
+        row["estimate"] = [doc["before"]["estimated_peak_bytes"],
+                           doc["after"]["estimated_peak_bytes"]]
+        row["reverted"] = doc["reverted"]
+    if args.peer:
+        peer = tmp / f"{name}_openai.meta"
+        why = _build(name, side, peer, peer=True)
+        if why:
+            row["notes"].append(f"openai: {why}")
+        else:
+            variants["openai"] = (peer, None)
+    measured: dict[str, dict[int, list[dict]]] = {v: {t: [] for t in args.threads}
+                                                  for v in variants}
+    for _round in range(args.processes):
+        for t in args.threads:
+            for v, (path, grappler) in variants.items():
+                try:
+                    measured[v][t].append(_measure_once(path, args.batch, t, args.steps,
+                                                        args.warmup, grappler))
+                except subprocess.CalledProcessError as e:
+                    row["notes"].append(f"{v} @{t}: measure failed: "
+                                        f"{(e.stderr or '').strip().splitlines()[-1:]}")
+    row["measured"] = {
+        v: {t: {"peak": statistics.median(r["peak"] for r in runs),
+                "peaks": [r["peak"] for r in runs],
+                "seconds": statistics.median(r["seconds"] for r in runs)}
+            for t, runs in by_t.items() if runs}
+        for v, by_t in measured.items()}
+    if args.verify and "graphmem" in variants:
+        row["training"] = _same_training(src, out, args.batch, args.threads)
+    return row
+
+
+def format_row(row: dict, threads: list[int]) -> list[str]:
+    lines = []
+    m = row.get("measured", {})
+    base = m.get("original", {})
+    for v in ("grappler", "openai", "graphmem"):
+        if v not in m:
+            continue
+        cells = []
+        for t in threads:
+            b, r = base.get(t), m[v].get(t)
+            if not b or not r:
+                cells.append(f"{'-':>24}")
+                continue
+            cells.append(f"{r['peak'] / MIB:7.1f} MiB {r['peak'] / b['peak']:5.2f}x "
+                         f"{r['seconds'] / b['seconds']:5.2f}t")
+        extra = ""
+        if v == "graphmem":
+            est = row.get("estimate")
+            extra = f"est. {est[1] / est[0]:.2f}x" if est else ""
+            extra += f" {row.get('training', '')}"
+        lines.append(f"| {row['model']} | {v} | " + " | ".join(cells) + f" | {extra} |")
+    orig = " | ".join(f"{base[t]['peak'] / MIB:7.1f} MiB {base[t]['seconds']:.2f} s"
+                      if t in base else "-" for t in threads)
+    lines.insert(0, f"| {row['model']} ({row['side']} px, batch {row['batch']}) | original | "
+                 f"{orig} | |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=DEFAULT_MODELS)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--processes", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=0)
+    ap.add_argument("--no-peer", dest="peer", action="store_false")
+    ap.add_argument("--no-verify", dest="verify", action="store_false")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    args.threads = [int(t) for t in args.threads.split(",")]
+    head = " | ".join(f"peak, x original, x step time @{t} thread(s)" for t in args.threads)
+    print(f"| model | variant | {head} | notes |")
+    print("|" + " --- |" * (3 + len(args.threads)))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="graphmem-networks-") as tmp:
+        for name in args.models.split(","):
+            row = run_model(name, args, Path(tmp))
+            rows.append(row)
+            for line in format_row(row, args.threads):
+                print(line, flush=True)
+            for note in row["notes"]:
+                print(f"|  | note | {note} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The floor: a step peak no recompute or swap plan can go under.
+
+Whatever a plan keeps, recomputes or swaps, every op of the step still runs once with its
+inputs and its outputs in memory at the same time, and its kernel's scratch beside them;
+the step's feeds (the input batch) are held for the whole step. So the largest such
+footprint, with the feeds it does not read, bounds every plan's peak from below. It leaves
+out what a plan might still have to keep alongside (checkpoints, gradients waiting for an
+update that needs several of them), so the real lowest plan lies above it: recompute bounded
+to about one extra forward pass keeps checkpoints, and only recomputing from the input again
+and again (quadratic compute) would come near the floor. `plan` reports how far its lowest
+plan is from it.
+
+One pass over the step's ops, no per-op sets: linear in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
+from graphmem.analysis.regions import Regions, is_parameter_read
+from graphmem.graph.index import GraphIndex
+
+FEED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+
+
+@dataclass
+class FloorPart:
+    name: str  # a tensor, or "<op> (scratch)"
+    bytes: int
+    role: str  # "input", "output", "scratch" or "feed"
+
+
+@dataclass
+class Floor:
+    bytes: int  # the bound (0 when sizes are unknown)
+    op: str = ""  # the op whose footprint sets it
+    parts: list[FloorPart] = field(default_factory=list)  # largest first
+
+
+def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None) -> Floor:
+    """The floor of `index`'s training step (see the module docstring). An output as large
+    as one of the op's inputs is not counted: the kernel may write it into that input's
+    buffer (TF forwards buffers a kernel reads for the last time)."""
+    step = regions.step_nodes(index)
+    sizes = index.output_sizes(batch_size)
+    scratch = scratch_model(index, batch_size)
+    feeds = [(i, 0) for i in step if index.ops[i] in FEED_OPS and index.num_outputs[i]]
+    feed_bytes = {t: sizes[t[0]][0] or 0 for t in feeds}
+    total_feeds = sum(feed_bytes.values())
+    best, best_op = -1, -1
+    for i in step:
+        footprint, read_feeds = _footprint(index, i, sizes, scratch)
+        footprint += total_feeds - sum(feed_bytes[t] for t in read_feeds)
+        if footprint > best:
+            best, best_op = footprint, i
+    if best_op < 0:
+        return Floor(0)
+    parts = _parts(index, best_op, sizes, scratch, feed_bytes)
+    return Floor(best, index.names[best_op], parts)
+
+
+def _inputs(index: GraphIndex, i: int):
+    """Distinct data inputs that are activations (not variables, their reads or constants:
+    those are persistent memory)."""
+    seen = set()
+    for t in index.data_inputs[i]:
+        if t not in seen and not is_parameter_read(index, t[0]):
+            seen.add(t)
+            yield t
+
+
+def _footprint(index: GraphIndex, i: int, sizes, scratch) -> tuple[int, list]:
+    ins = [(t, sizes[t[0]][t[1]] or 0) for t in _inputs(index, i)
+           if t[1] < len(sizes[t[0]])]
+    in_sizes = {b for _, b in ins}
+    outs = sum(b or 0 for b in sizes[i] if b and b not in in_sizes)
+    extra = scratch(i) if has_scratch(index.ops[i]) else 0
+    return sum(b for _, b in ins) + outs + extra, [t for t, _ in ins
+                                                  if index.ops[t[0]] in FEED_OPS]
+
+
+def _parts(index: GraphIndex, i: int, sizes, scratch, feed_bytes) -> list[FloorPart]:
+    parts = []
+    read = set()
+    in_sizes = set()
+    for t in _inputs(index, i):
+        if t[1] >= len(sizes[t[0]]):
+            continue
+        b = sizes[t[0]][t[1]] or 0
+        read.add(t)
+        in_sizes.add(b)
+        parts.append(FloorPart(index.tensor_name(t), b, "input"))
+    for k, b in enumerate(sizes[i]):
+        if b and b not in in_sizes:
+            parts.append(FloorPart(index.tensor_name((i, k)), b, "output"))
+    if has_scratch(index.ops[i]) and scratch(i):
+        parts.append(FloorPart(f"{index.names[i]} (scratch)", scratch(i), "scratch"))
+    parts.extend(FloorPart(index.tensor_name(t), b, "feed")
+                 for t, b in feed_bytes.items() if t not in read)
+    parts.sort(key=lambda p: -p.bytes)
+    return parts
