@@ -27,28 +27,13 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         f"{r['optimizer']} optimizer, {r['state_updates']} state updates, {r['other']} other")
     console.print(f"loss: {', '.join(facts.loss) or '[yellow]not found[/]'}")
     sa = facts.saved_activations
-    batch = f" (batch {facts.batch_size})" if facts.batch_size else ""
-    console.print(
-        f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
-        f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
-        f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})"
-        f"{_PHASE_NOTE.get(facts.peak['phase'], '')}")
-    for note in facts.estimate_notes:
-        console.print(f"[yellow]estimate may be low[/]: {note}")
-
-    live = facts.peak["live"]
-    if live:
-        lt = Table(title=f"live at the peak ({facts.peak['op']}), largest first",
-                   title_justify="left")
-        lt.add_column("tensor")
-        lt.add_column("shape")
-        lt.add_column("bytes", justify="right")
-        for x in live:
-            lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
-        console.print(lt)
-
-    t = Table(title=f"saved activations: {sa['count']} tensors, "
-                    f"{format_bytes(sa['total_bytes'])}", title_justify="left")
+    if facts.sizes_unknown:
+        console.print(f"[yellow]sizes unknown[/]: {facts.sizes_unknown} to see bytes and the "
+                      "estimated peak")
+    else:
+        _render_peak(facts, console)
+    total = "" if sa["total_bytes"] is None else f", {format_bytes(sa['total_bytes'])}"
+    t = Table(title=f"saved activations: {sa['count']} tensors{total}", title_justify="left")
     t.add_column("tensor")
     t.add_column("shape")
     t.add_column("dtype")
@@ -86,5 +71,29 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         console.print(f"[yellow]not touched[/]: {u.count} {u.what}: {u.why}{ex}")
 
 
+def _render_peak(facts: InspectFacts, console: Console) -> None:
+    from rich.table import Table
+
+    batch = f" (batch {facts.batch_size}, from {facts.batch_from})" if facts.batch_size else ""
+    peak = facts.peak
+    console.print(
+        f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
+        f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
+        f"{peak['op']} (op {peak['position'] + 1} of {peak['of']})"
+        f"{_PHASE_NOTE.get(peak['phase'], '')}")
+    for note in facts.estimate_notes:
+        console.print(f"[yellow]estimate may be low[/]: {note}")
+    if peak["live"]:
+        lt = Table(title=f"live at the peak ({peak['op']}), largest first",
+                   title_justify="left")
+        lt.add_column("tensor", overflow="fold")
+        lt.add_column("shape")
+        lt.add_column("bytes", justify="right", no_wrap=True)
+        for x in peak["live"]:
+            lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
+        console.print(lt)
+
+
 # said where the peak is in TF's first ~90 steps, not in the steady state after them
-_PHASE_NOTE = {"warm-up": ", in TF's warm-up steps (small ops dispatched as tasks)"}
+_PHASE_NOTE = {"warm-up": ", during a training run's first ~90 steps (TensorFlow runs small "
+                          "ops differently until then)"}
