@@ -32,7 +32,6 @@ class RunSpec:
     loss: str | None = None
     init_op: str | None = None
     batch_size: int = 8
-    backward_scopes: list[str] | None = None  # name scopes of the backward pass (None: default)
     feeds: dict[str, np.ndarray] = field(default_factory=dict)
     seed: int = 0
     inter_op_threads: int = 1
@@ -44,6 +43,7 @@ class RunSpec:
     # Grappler rewrites, moving results by float rounding (about 1e-7). With Grappler off,
     # a correct rewrite trains bit for bit the same.
     grappler: bool = True
+    backward_scopes: list[str] | None = None  # name scopes of the backward pass (None: default)
 
 
 @dataclass
