@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from graphmem.analysis.inspect import InspectFacts
+from graphmem.report.tables import print_table
 from graphmem.units import format_bytes, format_shape
 
 if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
@@ -40,7 +41,7 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     t.add_column("bytes", justify="right")
     for s in sa["largest"]:
         t.add_row(s.name, format_shape(s.shape), s.dtype, format_bytes(s.bytes))
-    console.print(t)
+    print_table(console, t)
 
     ops = Table(title="most frequent op types", title_justify="left")
     ops.add_column("op")
@@ -55,8 +56,8 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     var.add_column("bytes", justify="right")
     for x in v["largest"][:5]:
         var.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
-    console.print(ops)
-    console.print(var)
+    print_table(console, ops)
+    print_table(console, var)
     console.print("devices: " + ", ".join(f"{d} ({n})" for d, n in facts.devices.items()))
     cf = facts.control_flow
     if cf["v1_frames"] or cf["v2_ops"]:
@@ -74,13 +75,15 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
 def _render_peak(facts: InspectFacts, console: Console) -> None:
     from rich.table import Table
 
-    batch = f" (batch {facts.batch_size}, from {facts.batch_from})" if facts.batch_size else ""
+    batch = ""
+    if facts.batch_size:
+        source = {"signature": ", from a signature", "--feed": ", from --feed"}
+        batch = f" (batch {facts.batch_size}{source.get(facts.batch_from, '')})"
     peak = facts.peak
-    console.print(
-        f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
-        f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
-        f"{peak['op']} (op {peak['position'] + 1} of {peak['of']})"
-        f"{_PHASE_NOTE.get(peak['phase'], '')}")
+    console.print(f"estimated step peak: [bold]{format_bytes(facts.estimated_peak_bytes)}[/] "
+                  f"above persistent {format_bytes(facts.persistent_bytes)}{batch}")
+    console.print(f"peak at {peak['op']} (op {peak['position'] + 1} of {peak['of']})"
+                  f"{_PHASE_NOTE.get(peak['phase'], '')}")
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if peak["live"]:
@@ -91,9 +94,9 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
         lt.add_column("bytes", justify="right", no_wrap=True)
         for x in peak["live"]:
             lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
-        console.print(lt)
+        print_table(console, lt)
 
 
 # said where the peak is in TF's first ~90 steps, not in the steady state after them
-_PHASE_NOTE = {"warm-up": ", during a training run's first ~90 steps (TensorFlow runs small "
-                          "ops differently until then)"}
+_PHASE_NOTE = {"warm-up": " (in a training run's first ~90 steps, when TensorFlow runs small "
+                          "ops apart)"}

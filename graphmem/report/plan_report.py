@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphmem.report.tables import print_table
 from graphmem.units import format_bytes
 
 if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
@@ -28,7 +29,7 @@ def render_plan(result: Tradeoff, console: Console, plot: str | None = None) -> 
     for p in result.points + result.policies:
         table.add_row(p.label, format_bytes(p.peak_bytes), f"{p.peak_bytes / original:.2f}",
                       f"+{p.extra_flops_share:.0%}", _HOW.get(p.how, p.how))
-    console.print(table)
+    print_table(console, table)
     console.print(f"lowest peak reachable: {format_bytes(result.smallest_peak_bytes)}; "
                   f"with early updates only: {format_bytes(result.early_updates_peak_bytes)}")
     if plot:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphmem.report.tables import print_table
 from graphmem.rewrite import RewriteResult
 from graphmem.units import format_bytes, format_shape
 
@@ -98,7 +99,7 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
     for c in result.checkpoints[:SHOWN_ROWS]:
         t.add_row(c.name, format_shape(c.shape), format_bytes(c.bytes))
     if result.checkpoints:
-        console.print(t)
+        print_table(console, t)
         _more(console, len(result.checkpoints), "checkpoints")
     s = Table(title=f"recompute: {plan.copied_ops} ops copied in {len(plan.segments)} segments, "
                     f"{plan.rewired_inputs} backward inputs rewired", title_justify="left")
@@ -115,7 +116,7 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
                   str(seg.copied_ops), trig or "[red]nothing[/]")
     if plan.segments:
-        console.print(s)
+        print_table(console, s)
         _more(console, len(plan.segments), "segments")
     for why, count in plan.kept_blocked.items():
         console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
@@ -153,8 +154,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
     ratio = f" ({a.peak_bytes / b.peak_bytes:.2f}x)" if b.peak_bytes else ""
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
                   f"[bold]{format_bytes(a.peak_bytes)}[/]{ratio}, persistent "
-                  f"{format_bytes(a.persistent_bytes)}; nodes {result.nodes_before} -> "
-                  f"{result.nodes_after}")
+                  f"{format_bytes(a.persistent_bytes)}")
+    console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
         console.print("[yellow]the rewrite would raise the estimated peak: wrote the graph "
                       "unchanged[/] (--keep-worse keeps it)")
@@ -172,8 +173,7 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
 def _phase_note(phase: str | None) -> str:
     """Where the peak falls when it is in a training run's first steps only."""
     if phase == "warm-up":
-        return (" (in a training run's first ~90 steps, while TensorFlow still runs small "
-                "ops one by one; later steps peak lower)")
+        return " (in a training run's first ~90 steps, when TensorFlow runs small ops apart)"
     return ""
 
 
@@ -229,7 +229,7 @@ def _render_swap(result: RewriteResult, console: Console) -> None:
         t.add_row(p.tensor, format_bytes(p.bytes), p.swap_in.rsplit("/", 1)[-1],
                   p.trigger or "[red]none[/]", f"{p.distance} ({p.how})" if p.distance else "-")
     if swap.pairs:
-        console.print(t)
+        print_table(console, t)
         _more(console, len(swap.pairs), "swap pairs")
     for why, count in swap.skipped.items():
         console.print(f"[yellow]not swapped[/]: {count} tensors, {why}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphmem.report.tables import print_table
 from graphmem.runtime.verify import VerifyResult
 from graphmem.units import format_bytes
 
@@ -52,7 +53,7 @@ def render_verify(r: VerifyResult, console: Console, batch_size: int | None = No
     for k, (a, b) in enumerate(pairs, start=warmup):
         t.add_row(str(k + 1), f"{a.loss:.{digits}f}", f"{b.loss:.{digits}f}",
                   format_bytes(a.peak_bytes), format_bytes(b.peak_bytes))
-    console.print(t)
+    print_table(console, t)
     pa, pb = r.original.measured_peak_bytes, r.rewritten.measured_peak_bytes
     ratio = f" ({pb / pa:.2f}x)" if pa else ""
     ta, tb = r.original.median_step_seconds, r.rewritten.median_step_seconds
