@@ -215,27 +215,33 @@ def _check_plot(target, model=None) -> None:
 class Progress:
     """What a long command is doing, on one line of stderr that updates in place: shown
     only when stderr is a terminal and the output is not --json, and gone when the
-    command ends (so logs and pipelines see nothing extra)."""
+    command ends (so logs and pipelines see nothing extra). The line is redrawn when the
+    stage changes, from the calling thread: no refresh thread runs beside the forked
+    children of the estimate (a fork copies no thread, and may copy a held lock)."""
 
     def __init__(self, enabled: bool) -> None:
-        self._status = None
+        self._live = None
         if enabled:
             from rich.console import Console
+            from rich.live import Live
 
-            self._status = Console(stderr=True).status("starting")
+            self._live = Live(console=Console(stderr=True), auto_refresh=False,
+                              transient=True)
 
     def __enter__(self) -> Progress:
-        if self._status is not None:
-            self._status.start()
+        if self._live is not None:
+            self._live.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._status is not None:
-            self._status.stop()
+        if self._live is not None:
+            self._live.stop()
 
     def stage(self, text: str) -> None:
-        if self._status is not None:
-            self._status.update(text)
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(f"graphmem: {text} ...", style="dim"), refresh=True)
 
     def step(self, done: int, total: int) -> None:
         self.stage(f"training both graphs: step {done} of {total}")

@@ -186,11 +186,11 @@ def test_progress_only_on_a_terminal_and_not_with_json(monkeypatch):
     import graphmem.cli as cli
 
     monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
-    assert cli._progress(as_json=True)._status is None
+    assert cli._progress(as_json=True)._live is None
     shown = cli._progress(as_json=False)
-    assert shown._status is not None
+    assert shown._live is not None
     monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
-    assert cli._progress(as_json=False)._status is None
+    assert cli._progress(as_json=False)._live is None
 
 
 def test_rewrite_reports_its_stages(tmp_path, monkeypatch):
