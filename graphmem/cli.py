@@ -24,9 +24,10 @@ FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
 MODEL, POLICY, SWAP, TRAINING, COMPARE, ESTIMATE, OUTPUT = (
     "Model", "Policy", "Swap (host offload)", "Training", "Comparison", "Estimate and CI",
     "Output")
-click.rich_click.OPTIONS_PANEL_TITLE = OUTPUT  # where --help and --version land
+click.rich_click.OPTIONS_PANEL_TITLE = "Options"  # the group's --help and --version
 click.rich_click.MAX_WIDTH = 100
-click.rich_click.STYLE_OPTIONS_TABLE_BOX = "SIMPLE"
+click.rich_click.SHOW_METAVARS_COLUMN = False  # metavars after the option: more room for help
+click.rich_click.APPEND_METAVARS_HELP = True
 
 
 def _console():
@@ -42,8 +43,9 @@ def model_options(fn):
     """Options that say which graph of a model file to read, the same on every command
     (names as TensorFlow's saved_model_cli has them where they mean the same)."""
     opts = [
-        click.option("--format", "fmt", type=click.Choice(FORMATS), panel=MODEL,
-                     help="Input format (default: from the path and contents)."),
+        click.option("--format", "fmt", type=click.Choice(FORMATS), metavar="FORMAT",
+                     panel=MODEL, help="Input format: " + ", ".join(FORMATS) + " (default: "
+                     "from the path and contents)."),
         click.option("--tag-set", "--tag", "tag", metavar="TAGS", panel=MODEL,
                      help="SavedModel MetaGraphDef tags, comma separated (as saved_model_cli's "
                           "--tag_set)."),
@@ -289,6 +291,7 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
 @model_options
 @estimate_options
@@ -340,6 +343,7 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
 @model_options
 @click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "budget",
@@ -432,13 +436,15 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("original", type=click.Path())
 @click.argument("rewritten", type=click.Path())
 @model_options
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), panel=TRAINING,
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), metavar="N",
+              panel=TRAINING,
               help="Training steps to run on each graph.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
-              panel=TRAINING,
+              metavar="N", panel=TRAINING,
               help="Steps to train (and compare) before the measured ones. TensorFlow runs "
                    "small ops differently for a training run's first ~90 steps; 120 measures "
                    "the steady state after them.")
@@ -451,7 +457,7 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
 @click.option("--loss", panel=TRAINING,
               help="The loss tensor (default: `losses` collection, or found).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
-              panel=TRAINING, help="inter_op_parallelism_threads for both sessions.")
+              metavar="N", panel=TRAINING, help="inter_op_parallelism_threads for both sessions.")
 @click.option("--seed", default=0, show_default=True, panel=TRAINING,
               help="Seed of the random feeds.")
 @click.option("--rtol", default=1e-5, show_default=True, panel=COMPARE,
@@ -518,10 +524,11 @@ def differs_message(result, exact: bool) -> str:
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
 @model_options
 @click.option("--points", default=8, show_default=True, type=click.IntRange(min=2, max=64),
-              panel=POLICY,
+              metavar="N", panel=POLICY,
               help="Budgets between the smallest reachable peak and the original peak.")
 @plot_option("Draw peak memory against extra compute: one point per plan.")
 @json_option
