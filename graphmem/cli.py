@@ -19,6 +19,7 @@ from graphmem import __version__
 from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
+POLICIES = ["memory", "speed", "collection", "names", "budget", "none"]
 
 # Help panels, in the order `--help` shows them: every command's options fall in these
 MODEL, POLICY, SWAP, TRAINING, COMPARE, ESTIMATE, OUTPUT = (
@@ -26,8 +27,8 @@ MODEL, POLICY, SWAP, TRAINING, COMPARE, ESTIMATE, OUTPUT = (
     "Output")
 click.rich_click.OPTIONS_PANEL_TITLE = "Options"  # the group's --help and --version
 click.rich_click.MAX_WIDTH = 100
-click.rich_click.SHOW_METAVARS_COLUMN = False  # metavars after the option: more room for help
-click.rich_click.APPEND_METAVARS_HELP = True
+# one column for the option and its metavar (`--batch-size N`): more room for the help
+click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_all_metavar", "help"]
 
 
 def _console():
@@ -346,10 +347,9 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 @click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
 @model_options
-@click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "budget",
-                                            "none"]), panel=POLICY,
-              help="How checkpoints are chosen (default: memory; none with --swap; budget "
-                   "with --budget).")
+@click.option("--policy", type=click.Choice(POLICIES), metavar="NAME", panel=POLICY,
+              help="How checkpoints are chosen: " + ", ".join(POLICIES) + " (default: memory; "
+                   "none with --swap; budget with --budget).")
 @click.option("--budget", metavar="SIZE|FRACTION", panel=POLICY,
               help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
                    "(2GiB) or FRACTION of the original peak (0.5).")
