@@ -41,7 +41,7 @@ def test_plan_and_verify_without_batch_size_ask_for_it(tmp_path):
     _one_error_line(res, "--batch-size")
 
 
-def test_inspect_without_batch_size_counts_but_shows_no_sizes():
+def test_inspect_without_batch_size_counts_but_shows_no_sizes(tmp_path):
     res = run_cli("inspect", fixture_path("mlp"))
     assert res.exit_code == 0, res.stderr
     assert "estimated step peak" not in res.stdout
@@ -51,6 +51,9 @@ def test_inspect_without_batch_size_counts_but_shows_no_sizes():
     # what needs sizes asks for the batch size
     _one_error_line(run_cli("inspect", fixture_path("mlp"), "--max-peak", "1GiB"),
                     "--batch-size")
+    _one_error_line(run_cli("inspect", fixture_path("mlp"), "--plot", tmp_path / "m.svg"),
+                    "--batch-size")
+    assert list(tmp_path.iterdir()) == []
 
 
 def _static_mlp(path, batch: int):
