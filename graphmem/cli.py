@@ -12,77 +12,113 @@ import sys
 from functools import wraps
 from pathlib import Path
 
-import click
+import rich_click as click
+from click import exceptions as click_exceptions
 
 from graphmem import __version__
 from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
+POLICIES = ["memory", "speed", "collection", "names", "budget", "none"]
+
+# Help panels, in the order `--help` shows them: every command's options fall in these
+MODEL, POLICY, SWAP, TRAINING, COMPARE, ESTIMATE, OUTPUT = (
+    "Model", "Policy", "Swap (host offload)", "Training", "Comparison", "Estimate and CI",
+    "Output")
+click.rich_click.OPTIONS_PANEL_TITLE = "Options"  # the group's --help and --version
+click.rich_click.MAX_WIDTH = 100
+# one column for the option and its metavar (`--batch-size N`): more room for the help
+click.rich_click.OPTIONS_TABLE_COLUMN_TYPES = ["required", "opt_all_metavar", "help"]
 
 
 def _console():
-    from rich.console import Console  # imported for tables only: --json runs need none
+    """The console tables are printed on: lines wrap at the terminal's width (80 columns
+    when not a terminal), and nothing is highlighted. Imported for tables only: --json
+    runs need none."""
+    from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=True)
+    return Console(highlight=False)
 
 
 def model_options(fn):
-    """Options that say which graph of a model file to read."""
-    fn = click.option("--format", "fmt", type=click.Choice(FORMATS),
-                      help="Input format (default: from the path and contents).")(fn)
-    fn = click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")(fn)
-    fn = click.option("--function", help="Work on this function of the graph's library "
-                                         "(TF2 train steps live there).")(fn)
-    fn = click.option("--batch-size", type=click.IntRange(min=1),
-                      help="Size of unknown leading (batch) dimensions.")(fn)
-    fn = click.option("--backward-scope", multiple=True, metavar="REGEX",
-                      help="Name scope(s) of the backward pass (default: gradients*/ and "
-                           "gradient_tape/). Repeatable.")(fn)
+    """Options that say which graph of a model file to read, the same on every command
+    (names as TensorFlow's saved_model_cli has them where they mean the same)."""
+    opts = [
+        click.option("--format", "fmt", type=click.Choice(FORMATS), metavar="FORMAT",
+                     panel=MODEL, help="Input format: " + ", ".join(FORMATS) + " (default: "
+                     "from the path and contents)."),
+        click.option("--tag-set", "--tag", "tag", metavar="TAGS", panel=MODEL,
+                     help="SavedModel MetaGraphDef tags, comma separated (as saved_model_cli's "
+                          "--tag_set)."),
+        click.option("--function", panel=MODEL,
+                     help="Work on this function of the graph's library (TF2 train steps live "
+                          "there; found when only one holds a backward pass)."),
+        click.option("--batch-size", type=click.IntRange(min=1), metavar="N", panel=MODEL,
+                     help="Size of unknown leading (batch) dimensions. Needed when sizes "
+                          "depend on one and neither the model nor a --feed fixes it."),
+        click.option("--backward-scope", multiple=True, metavar="REGEX", panel=MODEL,
+                     help="Name scope(s) of the backward pass (default: gradients*/ and "
+                          "gradient_tape/). Repeatable."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
     return fn
 
 
 def estimate_options(fn):
     """Options about the memory estimate, shared by inspect and rewrite."""
-    fn = click.option("--grappler", is_flag=True,
-                      help="Estimate on the graph as Grappler will run it (fusions, pruning; "
-                           "TF1 graphs, needs TensorFlow).")(fn)
-    fn = click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
-                      help="Draw estimated memory over the step.")(fn)
-    fn = click.option("--max-peak", metavar="SIZE",
+    fn = click.option("--max-peak", metavar="SIZE", panel=ESTIMATE,
                       help="Exit 1 when the estimated step peak is above SIZE (e.g. 1.5GiB, "
                            "300MB): a CI gate.")(fn)
+    fn = click.option("--grappler", is_flag=True, panel=ESTIMATE,
+                      help="Estimate on the graph as Grappler will run it (fusions, pruning; "
+                           "TF1 graphs, needs TensorFlow).")(fn)
     return fn
+
+
+def plot_option(what: str):
+    return click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png", panel=OUTPUT,
+                        help=what)
+
+
+def json_option(fn):
+    return click.option("--json", "as_json", is_flag=True, panel=OUTPUT,
+                        help="Print one JSON document instead of tables (no progress display)."
+                        )(fn)
 
 
 def swap_options(fn):
     """The swap pass's knobs (IBM LMS's, under these names)."""
+    def swap(*names, **kw):
+        return click.option(*names, panel=SWAP, **kw)
+
     opts = [
-        click.option("--swap", is_flag=True,
+        swap("--swap", is_flag=True,
                      help="Swap saved activations to host memory and back (with a recompute "
                           "policy: swap its checkpoints)."),
-        click.option("--swap-threshold", metavar="SIZE", default="0",
+        swap("--swap-threshold", metavar="SIZE", default="0",
                      help="Swap only tensors at least this large (e.g. 4MiB)."),
-        click.option("--swap-max-tensors", type=click.IntRange(min=1), metavar="N",
+        swap("--swap-max-tensors", type=click.IntRange(min=1), metavar="N",
                      help="Swap at most N tensors (earliest in the forward pass first)."),
-        click.option("--swap-include", multiple=True, metavar="REGEX",
+        swap("--swap-include", multiple=True, metavar="REGEX",
                      help="Only swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-exclude", multiple=True, metavar="REGEX",
+        swap("--swap-exclude", multiple=True, metavar="REGEX",
                      help="Never swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-start", multiple=True, metavar="SCOPE",
+        swap("--swap-start", multiple=True, metavar="SCOPE",
                      help="Start the forward walk at these scopes or op names (default: the "
                           "whole forward pass). Repeatable."),
-        click.option("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
+        swap("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
                      help="Trigger a swap-in between LB and UB backward ops ahead of its "
                           "reader."),
-        click.option("--swap-fuse", is_flag=True,
+        swap("--swap-fuse", is_flag=True,
                      help="One swap-in per tensor for all its backward readers."),
-        click.option("--swap-branches", is_flag=True,
+        swap("--swap-branches", is_flag=True,
                      help="Also swap for forward readers far from the producer."),
-        click.option("--swap-branch-threshold", default=20, show_default=True, metavar="N",
+        swap("--swap-branch-threshold", default=20, show_default=True, metavar="N",
                      help="Topological distance that makes a forward reader far."),
-        click.option("--device", "swap_device", metavar="DEVICE",
+        swap("--device", "swap_device", metavar="DEVICE",
                      help="Device whose memory is saved (default: each tensor's own)."),
-        click.option("--host-device", default="/device:CPU:0", show_default=True,
+        swap("--host-device", default="/device:CPU:0", show_default=True,
                      help="Where swapped tensors wait."),
     ]
     for opt in reversed(opts):
@@ -156,7 +192,69 @@ def handles_errors(fn):
     return wrapper
 
 
-class _Group(click.Group):
+def _check_plot(target, model=None) -> None:
+    """--plot FILE, checked before any work so that a bad one leaves nothing written: a
+    suffix the plotter writes, matplotlib for PNG (found, not imported), a directory that
+    exists. (graphmem.options.check_plot does the same and more where it exists.)"""
+    try:
+        from graphmem.options import check_plot
+    except ImportError:
+        pass
+    else:
+        check_plot(target, model)
+        return
+    from importlib.util import find_spec
+
+    from graphmem.formats.save import check_output_location
+
+    suffix = Path(target).suffix.lower()
+    if suffix not in (".svg", ".png"):
+        raise UsageError(f"--plot writes .svg or .png files, not {Path(target).name!r}")
+    if suffix == ".png" and find_spec("matplotlib") is None:
+        raise UsageError("PNG plots need matplotlib (pip install matplotlib); or write an .svg")
+    check_output_location(target, "--plot")
+
+
+class Progress:
+    """What a long command is doing, on one line of stderr that updates in place: shown
+    only when stderr is a terminal and the output is not --json, and gone when the
+    command ends (so logs and pipelines see nothing extra). The line is redrawn when the
+    stage changes, from the calling thread: no refresh thread runs beside the forked
+    children of the estimate (a fork copies no thread, and may copy a held lock)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._live = None
+        if enabled:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live(console=Console(stderr=True), auto_refresh=False,
+                              transient=True)
+
+    def __enter__(self) -> Progress:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def stage(self, text: str) -> None:
+        if self._live is not None:
+            from rich.text import Text
+
+            self._live.update(Text(f"graphmem: {text} ...", style="dim"), refresh=True)
+
+    def step(self, done: int, total: int) -> None:
+        self.stage(f"training both graphs: step {done} of {total}")
+
+
+def _progress(as_json: bool) -> Progress:
+    return Progress(not as_json and sys.stderr.isatty())
+
+
+class _Group(click.RichGroup):
     """Click's own usage errors (a bad option value, a missing argument) as one line
     `graphmem: error: ...` and exit 2, like every other bad input, instead of click's
     three-line usage block."""
@@ -166,14 +264,14 @@ class _Group(click.Group):
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
-        except click.exceptions.NoArgsIsHelpError as exc:  # bare `graphmem`: the help
+        except click_exceptions.NoArgsIsHelpError as exc:  # bare `graphmem`: the help
             exc.show()
             sys.exit(exc.exit_code)
-        except click.exceptions.ClickException as exc:
+        except click_exceptions.ClickException as exc:
             message = " ".join(exc.format_message().split())
             click.echo(f"graphmem: error: {message}", err=True)
             sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
+        except click_exceptions.Abort:
             click.echo("graphmem: interrupted", err=True)
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -194,25 +292,37 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
 @model_options
 @estimate_options
-@click.option("--top", default=10, show_default=True, help="How many of the largest to list.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@click.option("--top", default=10, show_default=True, metavar="N", panel=OUTPUT,
+              help="How many of the largest to list.")
+@plot_option("Draw estimated memory over the step.")
+@json_option
 @handles_errors
-def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plot, max_peak,
-            top, as_json):
-    """Summarize a training graph: regions, saved activations, variables, memory."""
+def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max_peak,
+            top, plot, as_json):
+    """Summarize a training graph: regions, saved activations, variables, memory.
+
+    Without a batch size where sizes depend on one, it still counts, and marks sizes
+    unknown (--plot and --max-peak need sizes, and ask for --batch-size)."""
     from graphmem.analysis.inspect import gather_facts
 
     limit = _parse_max_peak(max_peak)
     if plot:
-        from graphmem.formats.save import check_output_location
+        _check_plot(plot, model)
+    with _progress(as_json) as progress:
+        progress.stage("reading the model")
+        ws = _open(model, fmt, tag, function, batch_size)
+        if plot or limit is not None:
+            from graphmem.analysis.batch import require_batch_size
 
-        check_output_location(plot, "--plot")
-    ws = _open(model, fmt, tag, function, batch_size)
-    facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
-                            keep_timeline=bool(plot))
+            batch_size = require_batch_size(ws, batch_size,
+                                            backward_scopes=list(backward_scope) or None)
+        progress.stage("analysing")
+        facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
+                                keep_timeline=bool(plot))
     if plot:
         from graphmem.report.plot import Series, write_plot
 
@@ -227,54 +337,58 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
         from graphmem.report.inspect_report import render_inspect
 
         render_inspect(facts, _console())
-    _gate(facts.estimated_peak_bytes, limit, "estimated step peak")
+        if plot:
+            _console().print(f"plot written to {plot}")
+    if facts.estimated_peak_bytes is not None:
+        _gate(facts.estimated_peak_bytes, limit, "estimated step peak")
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(),
-              help="Where to write the rewritten model (same format as the input).")
 @model_options
-@click.option("--policy", type=click.Choice(["memory", "speed", "collection", "names", "budget",
-                                            "none"]),
-              help="How checkpoints are chosen (default: memory; none with --swap; budget "
-                   "with --budget).")
-@click.option("--budget", metavar="SIZE|FRACTION",
+@click.option("--policy", type=click.Choice(POLICIES), metavar="NAME", panel=POLICY,
+              help="How checkpoints are chosen: " + ", ".join(POLICIES) + " (default: memory; "
+                   "none with --swap; budget with --budget).")
+@click.option("--budget", metavar="SIZE|FRACTION", panel=POLICY,
               help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
                    "(2GiB) or FRACTION of the original peak (0.5).")
-@click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
+@click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN", panel=POLICY,
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
-@swap_options
-@estimate_options
 @click.option("--early-updates/--no-early-updates", default=True, show_default=True,
+              panel=POLICY,
               help="Run each optimizer update as soon as its gradient is ready, so weight "
                    "gradients do not pile up until the end of the backward pass.")
-@click.option("--recompute-loops", is_flag=True,
+@click.option("--recompute-loops", is_flag=True, panel=POLICY,
               help="Let the policy recompute whole v2 loops (While ops whose functions only "
                    "read state): the loop runs again before its gradient instead of keeping "
                    "its per-step values. Pays on stacked recurrent layers; costs a loop run.")
-@click.option("--loop-bodies/--no-loop-bodies", "loop_bodies", default=None,
+@click.option("--loop-bodies/--no-loop-bodies", "loop_bodies", default=None, panel=POLICY,
               help="Recompute inside loops: a loop's gradient rebuilds each iteration's values "
-                   "from the loop-carried state and step inputs instead of keeping them all "
-                   "(v2 While tensor lists, v1 stacks; an LSTM keeps h, c and x_t, not its "
-                   "gates). Default: on with every recompute policy (speed keeps matmul "
-                   "outputs), off with --policy none.")
-@click.option("--keep-worse", is_flag=True,
+                   "from the loop-carried state and step inputs instead of keeping them all. "
+                   "Default: on with every recompute policy, off with --policy none.")
+@click.option("--keep-worse", is_flag=True, panel=POLICY,
               help="Keep the rewrite even when it raises the estimated peak (by default the "
                    "graph is written unchanged then).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@swap_options
+@estimate_options
+@click.option("-o", "--output", required=True, type=click.Path(), panel=OUTPUT,
+              help="Where to write the rewritten model (same format as the input).")
+@plot_option("Draw estimated memory over the step, original and rewritten.")
+@json_option
 @handles_errors
-def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, policy, budget,
-            patterns, grappler, plot, max_peak, early_updates, recompute_loops, loop_bodies,
-            keep_worse, as_json, **swap_kw):
+def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budget, patterns,
+            early_updates, recompute_loops, loop_bodies, keep_worse, grappler, max_peak,
+            output, plot, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.formats.save import check_output_location
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
+    # every option is checked before any work: a usage error (exit 2) writes nothing
     check_output_location(output)
     if plot:
-        check_output_location(plot, "--plot")
+        _check_plot(plot, model)
     limit = _parse_max_peak(max_peak)
     swap = _swap_options_from(swap_kw)
     if budget is not None and policy not in (None, "budget"):
@@ -288,22 +402,25 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
                              keep_worse=keep_worse, early_updates=early_updates,
                              budget=budget, recompute_loops=recompute_loops,
                              loop_recompute=loop_bodies)
-    result = rewrite_file(model, output, options, fmt, tag, function)
-    if plot:
-        from graphmem.report.plot import Series, write_plot
+    with _progress(as_json) as progress:
+        result = rewrite_file(model, output, options, fmt, tag, function,
+                              on_stage=progress.stage)
+        if plot:
+            from graphmem.report.plot import Series, write_plot
 
-        write_plot(plot, [Series("original", result.before.timeline),
-                          Series(f"rewritten ({policy})", result.after.timeline)],
-                   f"graphmem rewrite {Path(model).name}")
+            progress.stage("drawing the plot")
+            write_plot(plot, [Series("original", result.before.timeline),
+                              Series(f"rewritten ({policy})", result.after.timeline)],
+                       f"graphmem rewrite {Path(model).name}")
     if as_json:
         from graphmem.report.json_out import emit
         from graphmem.report.rewrite_report import rewrite_document
 
-        emit(rewrite_document(result, str(output)))
+        emit(rewrite_document(result, str(output), plot))
     else:
         from graphmem.report.rewrite_report import render_rewrite
 
-        render_rewrite(result, str(output), _console())
+        render_rewrite(result, str(output), _console(), plot)
     final = result.before if result.reverted else result.after
     _gate(final.peak_bytes, limit, "estimated step peak after the rewrite")
     if result.budget_bytes is not None and final.peak_bytes > result.budget_bytes:
@@ -319,56 +436,75 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("original", type=click.Path())
 @click.argument("rewritten", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format of both.")
-@click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1),
+@model_options
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), metavar="N",
+              panel=TRAINING,
               help="Training steps to run on each graph.")
 @click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Steps to run (and compare) before the measured ones; 120 measures TF's "
-                   "steady state (its executor runs small ops differently for ~90 steps).")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
-              help="Size of unknown batch dimensions in random feeds.")
-@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy",
-              help="Feed a placeholder from a .npy file instead of random data.")
-@click.option("--train-op", help="The op one training step runs (default: `train_op` "
-                                 "collection, or the optimizer's last op).")
-@click.option("--loss", help="The loss tensor (default: `losses` collection, or found).")
-@click.option("--rtol", default=1e-5, show_default=True, help="Relative tolerance.")
-@click.option("--atol", default=1e-6, show_default=True, help="Absolute tolerance.")
+              metavar="N", panel=TRAINING,
+              help="Steps to train (and compare) before the measured ones. TensorFlow runs "
+                   "small ops differently for a training run's first ~90 steps; 120 measures "
+                   "the steady state after them.")
+@click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy", panel=TRAINING,
+              help="Feed a placeholder from a .npy file instead of random data (as "
+                   "saved_model_cli's --inputs). Repeatable.")
+@click.option("--train-op", panel=TRAINING,
+              help="The op one training step runs (default: `train_op` collection, or the "
+                   "optimizer's last op).")
+@click.option("--loss", panel=TRAINING,
+              help="The loss tensor (default: `losses` collection, or found).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
-              help="inter_op_parallelism_threads for both sessions.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
-@click.option("--exact", is_flag=True,
+              metavar="N", panel=TRAINING, help="inter_op_parallelism_threads for both sessions.")
+@click.option("--seed", default=0, show_default=True, panel=TRAINING,
+              help="Seed of the random feeds.")
+@click.option("--rtol", default=1e-5, show_default=True, panel=COMPARE,
+              help="Relative tolerance.")
+@click.option("--atol", default=1e-6, show_default=True, panel=COMPARE,
+              help="Absolute tolerance.")
+@click.option("--exact", is_flag=True, panel=COMPARE,
               help="Demand bit-identical training: zero tolerances, and Grappler off (a "
                    "rewrite can change which ops Grappler fuses or simplifies, which moves "
                    "results by float rounding).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@json_option
 @handles_errors
-def verify(original, rewritten, fmt, tag, steps, warmup, batch_size, feeds, train_op, loss,
-           rtol, atol, threads, seed, exact, as_json):
+def verify(original, rewritten, fmt, tag, function, batch_size, backward_scope, steps, warmup,
+           feeds, train_op, loss, threads, seed, rtol, atol, exact, as_json):
     """Train ORIGINAL and REWRITTEN side by side; compare losses, variables and peak memory.
 
     Exits 1 when training differs beyond the tolerances."""
+    from graphmem.analysis.batch import resolve_batch_size
     from graphmem.errors import CheckFailed
     from graphmem.runtime.train_runner import RunSpec, load_feed_files
     from graphmem.runtime.verify import verify as run_verify
 
-    spec = RunSpec(train_op, loss, None, batch_size, load_feed_files(list(feeds)), seed, threads,
-                   grappler=not exact)
-    if exact:
-        rtol = atol = 0.0
-    result = run_verify(original, rewritten, spec, steps, rtol, atol, fmt, tag, warmup=warmup)
+    feed_values = load_feed_files(list(feeds))
+    with _progress(as_json) as progress:
+        progress.stage("reading the original model")
+        batch = resolve_batch_size(_open(original, fmt, tag, function), batch_size,
+                                   feed_values)
+        if batch.needed:
+            from graphmem.analysis.batch import missing_batch_message
+
+            raise UsageError(missing_batch_message(batch) + " (random feeds need it)")
+        spec = RunSpec(train_op, loss, None, batch.size or 1, feed_values, seed, threads,
+                       grappler=not exact, backward_scopes=list(backward_scope) or None)
+        if exact:
+            rtol = atol = 0.0
+        progress.stage("loading TensorFlow and both graphs")
+        result = run_verify(original, rewritten, spec, steps, rtol, atol, fmt, tag, function,
+                            warmup=warmup, on_step=progress.step)
     if as_json:
         from graphmem.report.json_out import emit
         from graphmem.report.verify_report import verify_document
 
-        emit(verify_document(result))
+        emit(verify_document(result, batch.size, batch.source))
     else:
         from graphmem.report.verify_report import render_verify
 
-        render_verify(result, _console())
+        render_verify(result, _console(), batch.size, batch.source)
     if not result.same_training:
         raise CheckFailed(differs_message(result, exact))
 
@@ -388,61 +524,38 @@ def differs_message(result, exact: bool) -> str:
 
 
 @main.command()
+@click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format.")
-@click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
-@click.option("--function", help="Work on this function of the graph's library.")
-@click.option("--batch-size", type=click.IntRange(min=1),
-              help="Size of unknown leading (batch) dimensions.")
+@model_options
 @click.option("--points", default=8, show_default=True, type=click.IntRange(min=2, max=64),
+              metavar="N", panel=POLICY,
               help="Budgets between the smallest reachable peak and the original peak.")
-@click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
-              help="Draw the curve.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@plot_option("Draw peak memory against extra compute: one point per plan.")
+@json_option
 @handles_errors
-def plan(model, fmt, tag, function, batch_size, points, plot, as_json):
+def plan(model, fmt, tag, function, batch_size, backward_scope, points, plot, as_json):
     """Trade-off between peak memory and extra compute, with the memory and speed policies
     placed on it."""
     from graphmem.plan import tradeoff
 
     if plot:
-        from graphmem.formats.save import check_output_location
+        _check_plot(plot, model)
+    with _progress(as_json) as progress:
+        result = tradeoff(model, batch_size, fmt, tag, function, points,
+                          list(backward_scope) or None, on_stage=progress.stage)
+        if plot:
+            from graphmem.report.plot import write_tradeoff_plot
 
-        check_output_location(plot, "--plot")
-    result = tradeoff(model, batch_size, fmt, tag, function, points)
-    if plot:
-        from graphmem.report.plot import write_tradeoff_plot
-
-        write_tradeoff_plot(plot, result, f"graphmem plan {Path(model).name}")
+            progress.stage("drawing the plot")
+            write_tradeoff_plot(plot, result, f"graphmem plan {Path(model).name}")
     if as_json:
         from graphmem.report.json_out import emit
 
         emit(result)
         return
-    from rich.table import Table
+    from graphmem.report.plan_report import render_plan
 
-    from graphmem.units import format_bytes
-
-    table = Table(title=f"peak memory against extra compute (original peak "
-                        f"{format_bytes(result.original_peak_bytes)})", title_justify="left")
-    table.add_column("plan")
-    table.add_column("peak", justify="right")
-    table.add_column("x original", justify="right")
-    table.add_column("extra forward FLOPs", justify="right")
-    table.add_column("from")
-    for p in result.points + result.policies:
-        table.add_row(p.label, format_bytes(p.peak_bytes),
-                      f"{p.peak_bytes / max(result.original_peak_bytes, 1):.2f}",
-                      f"+{p.extra_flops_share:.0%}", p.how)
-    console = _console()
-    console.print(table)
-    if result.floor.get("bytes"):
-        console.print(f"floor {format_bytes(result.floor['bytes'])} "
-                      f"({result.floor['bytes'] / max(result.original_peak_bytes, 1):.2f}x): "
-                      f"no plan peaks lower ({result.floor['op']} runs with its inputs and "
-                      "outputs)")
-    if result.floor_note:
-        console.print(result.floor_note)
+    render_plan(result, _console(), plot)
 
 
 def run() -> None:

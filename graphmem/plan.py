@@ -51,12 +51,21 @@ FLOOR_GAP = 1.2
 
 
 def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
-             steps: int = 8) -> Tradeoff:
+             steps: int = 8, backward_scopes: list[str] | None = None,
+             on_stage=None) -> Tradeoff:
+    """The curve and the policies on it. Sizes that depend on a batch dimension nothing
+    fixes are a usage error. `on_stage(text)` is told each stage as it starts."""
+    from graphmem.analysis.batch import require_batch_size
+
+    stage = on_stage or (lambda text: None)
+    stage("reading the model")
     ws = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
+    batch_size = require_batch_size(ws, batch_size, backward_scopes=backward_scopes)
+    stage("modelling the trade-off")
     index = ws.index
-    regions = analyze_regions(index, None, batch_size, ws.collection("losses"))
+    regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     if ws.refine_shapes(regions.step_nodes(index), batch_size):
-        regions = analyze_regions(index, None, batch_size, ws.collection("losses"))
+        regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     facts = analyze_forward(index, regions)
     original = estimate_step(ws, regions, batch_size).peak_bytes
     floor = step_floor(index, regions, batch_size)
@@ -67,16 +76,18 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     # model's base is that graph's peak (see rewrite_workspace)
     # (this edits ws, which is not used afterwards: each policy opens its own)
     no_recompute = early_updates_peak(ws, index, regions, facts,
-                                      RewriteOptions("none", [], batch_size))
+                                      RewriteOptions("none", [], batch_size,
+                                                     backward_scopes))
     base = model_base(units, no_recompute)
     total = sum(units.flops) or 1
     result = Tradeoff(original, total, no_recompute)
     low = solve_budget(units, base, 0).min_peak
     # the model is optimistic at the bottom: rewrite for its lowest peak and estimate what
     # that plan really reaches, so the curve never offers a budget no rewrite can meet
+    stage("rewriting for the lowest plan")
     ws_low = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
-    lowest = rewrite_workspace(ws_low, RewriteOptions("budget", [], batch_size, budget=str(low),
-                                                      keep_worse=True))
+    lowest = rewrite_workspace(ws_low, RewriteOptions("budget", [], batch_size, backward_scopes,
+                                                      budget=str(low), keep_worse=True))
     result.smallest_peak_bytes = min(lowest.after.peak_bytes, no_recompute)
     points = [TradeoffPoint("lowest plan", lowest.after.peak_bytes,
                             copied_flops(ws_low.index, batch_size) / total, "estimate")]
@@ -96,8 +107,10 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
             "recomputing from the input again and again, quadratic compute, would come "
             "nearer)")
     for policy in ("memory", "speed"):
+        stage(f"rewriting with the {policy} policy")
         ws_p = Workspace.open(load_model(path, fmt, tag, function), batch_size=batch_size)
-        res = rewrite_workspace(ws_p, RewriteOptions(policy, [], batch_size, keep_worse=True))
+        res = rewrite_workspace(ws_p, RewriteOptions(policy, [], batch_size, backward_scopes,
+                                                     keep_worse=True))
         result.policies.append(TradeoffPoint(policy, res.after.peak_bytes,
                                              copied_flops(ws_p.index, batch_size) / total,
                                              "estimate"))

@@ -533,10 +533,22 @@ def _checkpoint_facts(index, tensors, batch_size) -> list[CheckpointFact]:
 
 
 def rewrite_file(model_path: str | Path, out: str | Path, options: RewriteOptions,
-                 fmt=None, tag=None, function=None) -> RewriteResult:
+                 fmt=None, tag=None, function=None, on_stage=None) -> RewriteResult:
+    """Read, rewrite, write. Sizes that depend on a batch dimension nothing fixes are a
+    usage error (a plan and a peak from unknown sizes would be wrong). `on_stage(text)` is
+    told each stage as it starts (a progress display)."""
+    from graphmem.analysis.batch import require_batch_size
+
+    stage = on_stage or (lambda text: None)
+    stage("reading the model")
     ws = Workspace.open(load_model(model_path, fmt, tag, function),
                         batch_size=options.batch_size)
+    batch = require_batch_size(ws, options.batch_size, backward_scopes=options.backward_scopes)
+    if batch != options.batch_size:
+        options = replace(options, batch_size=batch)
+    stage("rewriting")
     result = rewrite_workspace(ws, options)
+    stage("writing the output")
     if result.reverted:  # undone: the output is the input itself
         save_unchanged(ws.model, out)
     else:

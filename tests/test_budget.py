@@ -147,7 +147,7 @@ def test_parse_budget(text, expected):
                                   ["--budget", "1.5"]])
 def test_malformed_budgets_exit_2(args, tmp_path):
     out = tmp_path / "o.meta"
-    res = run_cli("rewrite", fixture_path("mlp"), "-o", out, *args)
+    res = run_cli("rewrite", fixture_path("mlp"), "-o", out, "--batch-size", "8", *args)
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("graphmem: error:") and not out.exists()
 

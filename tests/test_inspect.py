@@ -49,11 +49,15 @@ def test_mlp_variables_and_regions(fixtures):
 
 
 def test_unknown_batch_is_counted_and_named():
+    # without --batch-size, counts are still there; sizes and the peak are not guessed
     doc = _inspect_json(fixture_path("mlp"))
     sa = doc["saved_activations"]
     assert sa["unknown_size_count"] == sa["count"] - 2 == 27  # all but the two scalars
     assert "layer_00/Relu:0" in sa["unknown_size"]
-    assert any(u["what"] == "saved activations of unknown size" for u in doc["untouched"])
+    assert sa["total_bytes"] is None
+    assert doc["estimated_peak_bytes"] is None and doc["peak"] is None
+    assert "--batch-size" in doc["sizes_unknown"] and "x:0" in doc["sizes_unknown"]
+    assert doc["batch_from"] == "unknown"
 
 
 def test_graphdef_without_shapes_uses_tensorflow_inference():

@@ -124,18 +124,18 @@ def test_verify_cli_reports_json_and_exit_codes(tmp_path):
     import json
 
     src, out, _ = _rewrite("mlp", tmp_path, "memory")
-    res = run_cli("verify", src, out, "--steps", "2", "--json")
+    res = run_cli("verify", src, out, "--steps", "2", "--json", "--batch-size", "8")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["same_training"] is True
     assert doc["original"]["measured_peak_bytes"] > 0
     # a different model trains differently: exit 1
     other = fixture_path("mlp_text")
-    res = run_cli("verify", src, other, "--steps", "2", "--seed", "1")
+    res = run_cli("verify", src, other, "--steps", "2", "--seed", "1", "--batch-size", "8")
     assert res.exit_code == 0  # the same graph in another format trains the same
     bad = tmp_path / "bad.meta"
     _tamper_learning_rate(out, bad)
-    res = run_cli("verify", src, bad, "--steps", "2")
+    res = run_cli("verify", src, bad, "--steps", "2", "--batch-size", "8")
     assert res.exit_code == 1
     assert "training differs" in res.stderr
 
@@ -147,7 +147,7 @@ def test_verify_warmup_measures_only_the_steps_after_it(tmp_path):
     import statistics
 
     src, out, _ = _rewrite("mlp", tmp_path, "memory")
-    res = run_cli("verify", src, out, "--warmup", "3", "--steps", "2", "--json")
+    res = run_cli("verify", src, out, "--warmup", "3", "--steps", "2", "--json", "--batch-size", "8")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["warmup_steps"] == 3 and doc["same_training"] is True
@@ -158,7 +158,7 @@ def test_verify_warmup_measures_only_the_steps_after_it(tmp_path):
     # a warm-up step here)
     bad = tmp_path / "bad.meta"
     _tamper_learning_rate(out, bad)
-    res = run_cli("verify", src, bad, "--warmup", "2", "--steps", "1")
+    res = run_cli("verify", src, bad, "--warmup", "2", "--steps", "1", "--batch-size", "8")
     assert res.exit_code == 1 and "step 2:" in res.stderr
 
 

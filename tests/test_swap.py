@@ -129,8 +129,8 @@ def test_swap_cli_json_and_bad_ahead(tmp_path):
     pair = doc["swap"]["pairs"][0]
     assert {"tensor", "bytes", "swap_out", "swap_in", "trigger", "distance"} <= set(pair)
     bad = run_cli("rewrite", fixture_path("mlp"), "-o", tmp_path / "b.meta", "--swap",
-                  "--swap-in-ahead", "5:2")
+                  "--swap-in-ahead", "5:2", "--batch-size", "8")
     assert bad.exit_code == 2 and "--swap-in-ahead" in bad.stderr
     bad = run_cli("rewrite", fixture_path("mlp"), "-o", tmp_path / "b.meta", "--swap",
-                  "--swap-start", "no_such_scope")
+                  "--swap-start", "no_such_scope", "--batch-size", "8")
     assert bad.exit_code == 2 and "--swap-start" in bad.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from graphmem.analysis.batch import missing_batch_message, resolve_batch_size
 from graphmem.analysis.floor import Floor, step_floor
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.analysis.variables import find_variables
@@ -41,12 +42,15 @@ class InspectFacts:
     variables: dict
     devices: dict[str, int]
     control_flow: dict
-    estimated_peak_bytes: int
-    persistent_bytes: int
-    peak: dict
+    # None when sizes depend on a batch dimension nothing fixes: no peak from unknown sizes
+    estimated_peak_bytes: int | None
+    persistent_bytes: int | None
+    peak: dict | None
     untouched: list[Untouched]
     batch_size: int | None
     shapes_from: str
+    batch_from: str  # "--batch-size", "signature", "not needed" or "unknown"
+    sizes_unknown: str | None  # why byte counts are unknown (asks for --batch-size)
     estimated_on: str  # "graph" or "grappler"
     timeline: list[int] = field(default_factory=list)
     estimate_notes: list[str] = field(default_factory=list)  # where the estimate may be short
@@ -58,6 +62,10 @@ class InspectFacts:
 def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
                  top: int = 10, grappler: bool = False,
                  keep_timeline: bool = False) -> tuple[InspectFacts, Regions]:
+    """Counts always; sizes and the estimated peak only when no size depends on a batch
+    dimension nothing fixes (then they are None and `sizes_unknown` says why)."""
+    batch = resolve_batch_size(ws, batch_size)
+    batch_size = batch.size
     index = ws.index
     regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     if ws.refine_shapes(regions.step_nodes(index), batch_size):
@@ -66,7 +74,8 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
     variables = find_variables(index)
     frames = index.frames()
     v2 = [index.names[i] for i in range(len(index)) if index.ops[i] in CONTROL_FLOW_V2]
-    mem = estimate_step(ws, regions, batch_size, backward_scopes, grappler, top, keep_timeline)
+    mem = None if batch.needed else estimate_step(ws, regions, batch_size, backward_scopes,
+                                                  grappler, top, keep_timeline)
     devices = Counter(d or "(unplaced)" for d in index.devices)
     untouched: list[Untouched] = []
     if frames or v2:
@@ -85,7 +94,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
             "random ops, variable reads and queues are never recomputed (their outputs are kept)",
             stateful_fwd[:5]))
     unknown = regions.unknown_size
-    if unknown:
+    if unknown and not batch.needed:  # else all sizes are unknown, and said so once
         untouched.append(Untouched(
             "saved activations of unknown size", len(unknown),
             "their shapes are not static; pass --batch-size to size an unknown batch dimension",
@@ -101,7 +110,8 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         top_op_types=Counter(index.ops).most_common(top),
         loss=[index.tensor_name(t) for t in regions.loss],
         saved_activations={
-            "count": len(saved), "total_bytes": regions.saved_bytes,
+            "count": len(saved),
+            "total_bytes": None if batch.needed else regions.saved_bytes,
             "unknown_size_count": len(unknown),
             "unknown_size": [s.name for s in unknown],
             "largest": [TensorFact(s.name, s.shape, dtypes.name(s.dtype or 0), s.bytes)
@@ -110,19 +120,22 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         variables={"count": len(variables), "total_bytes": sum(v.bytes or 0 for v in variables),
                    "largest": sorted(variables, key=lambda v: -(v.bytes or 0))[:top]},
         devices=dict(devices),
-        control_flow={"v1_frames": frames, "v2_ops": v2, "loops": mem.loops},
-        estimated_peak_bytes=mem.peak_bytes,
-        persistent_bytes=mem.persistent_bytes,
-        peak={"op": mem.peak_op, "position": mem.peak_position, "of": mem.ops_in_step,
-              "phase": mem.phase, "live": mem.live_at_peak,
-              "unknown_tensors": mem.unknown_tensors},
+        control_flow={"v1_frames": frames, "v2_ops": v2, "loops": mem.loops if mem else []},
+        estimated_peak_bytes=mem.peak_bytes if mem else None,
+        persistent_bytes=mem.persistent_bytes if mem else None,
+        peak=None if mem is None else {
+            "op": mem.peak_op, "position": mem.peak_position, "of": mem.ops_in_step,
+            "phase": mem.phase, "live": mem.live_at_peak,
+            "unknown_tensors": mem.unknown_tensors},
         untouched=untouched,
         batch_size=batch_size,
         shapes_from="tensorflow" if ws.shapes_from_tensorflow else "graph",
+        batch_from=batch.source,
+        sizes_unknown=missing_batch_message(batch) if batch.needed else None,
         estimated_on="grappler" if grappler else "graph",
-        timeline=mem.timeline,
-        estimate_notes=mem.notes,
-        floor=floor_facts(step_floor(index, regions, batch_size)),
+        timeline=mem.timeline if mem else [],
+        estimate_notes=mem.notes if mem else [],
+        floor=floor_facts(step_floor(index, regions, batch_size)) if mem else {},
     )
     return facts, regions
 

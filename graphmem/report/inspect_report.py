@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from graphmem.analysis.inspect import InspectFacts
+from graphmem.report.tables import print_table
 from graphmem.units import format_bytes, format_shape
 
 if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
@@ -27,40 +28,20 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         f"{r['optimizer']} optimizer, {r['state_updates']} state updates, {r['other']} other")
     console.print(f"loss: {', '.join(facts.loss) or '[yellow]not found[/]'}")
     sa = facts.saved_activations
-    batch = f" (batch {facts.batch_size})" if facts.batch_size else ""
-    console.print(
-        f"estimated step peak [bold]{format_bytes(facts.estimated_peak_bytes)}[/]{batch} "
-        f"above persistent {format_bytes(facts.persistent_bytes)}; peak at "
-        f"{facts.peak['op']} (op {facts.peak['position'] + 1} of {facts.peak['of']})"
-        f"{_PHASE_NOTE.get(facts.peak['phase'], '')}")
-    for note in facts.estimate_notes:
-        console.print(f"[yellow]estimate may be low[/]: {note}")
-    if facts.floor.get("bytes"):
-        parts = ", ".join(f"{p['role']} {p['name']} {format_bytes(p['bytes'])}"
-                          for p in facts.floor["parts"][:3])
-        console.print(f"floor [bold]{format_bytes(facts.floor['bytes'])}[/]: no recompute "
-                      f"or swap plan peaks lower; {facts.floor['op']} runs with {parts}")
-
-    live = facts.peak["live"]
-    if live:
-        lt = Table(title=f"live at the peak ({facts.peak['op']}), largest first",
-                   title_justify="left")
-        lt.add_column("tensor")
-        lt.add_column("shape")
-        lt.add_column("bytes", justify="right")
-        for x in live:
-            lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
-        console.print(lt)
-
-    t = Table(title=f"saved activations: {sa['count']} tensors, "
-                    f"{format_bytes(sa['total_bytes'])}", title_justify="left")
+    if facts.sizes_unknown:
+        console.print(f"[yellow]sizes unknown[/]: {facts.sizes_unknown} to see bytes and the "
+                      "estimated peak")
+    else:
+        _render_peak(facts, console)
+    total = "" if sa["total_bytes"] is None else f", {format_bytes(sa['total_bytes'])}"
+    t = Table(title=f"saved activations: {sa['count']} tensors{total}", title_justify="left")
     t.add_column("tensor")
     t.add_column("shape")
     t.add_column("dtype")
     t.add_column("bytes", justify="right")
     for s in sa["largest"]:
         t.add_row(s.name, format_shape(s.shape), s.dtype, format_bytes(s.bytes))
-    console.print(t)
+    print_table(console, t)
 
     ops = Table(title="most frequent op types", title_justify="left")
     ops.add_column("op")
@@ -75,8 +56,8 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
     var.add_column("bytes", justify="right")
     for x in v["largest"][:5]:
         var.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
-    console.print(ops)
-    console.print(var)
+    print_table(console, ops)
+    print_table(console, var)
     console.print("devices: " + ", ".join(f"{d} ({n})" for d, n in facts.devices.items()))
     cf = facts.control_flow
     if cf["v1_frames"] or cf["v2_ops"]:
@@ -91,5 +72,36 @@ def render_inspect(facts: InspectFacts, console: Console) -> None:
         console.print(f"[yellow]not touched[/]: {u.count} {u.what}: {u.why}{ex}")
 
 
+def _render_peak(facts: InspectFacts, console: Console) -> None:
+    from rich.table import Table
+
+    batch = ""
+    if facts.batch_size:
+        source = {"signature": ", from a signature", "--feed": ", from --feed"}
+        batch = f" (batch {facts.batch_size}{source.get(facts.batch_from, '')})"
+    peak = facts.peak
+    console.print(f"estimated step peak: [bold]{format_bytes(facts.estimated_peak_bytes)}[/] "
+                  f"above persistent {format_bytes(facts.persistent_bytes)}{batch}")
+    console.print(f"peak at {peak['op']} (op {peak['position'] + 1} of {peak['of']})"
+                  f"{_PHASE_NOTE.get(peak['phase'], '')}")
+    for note in facts.estimate_notes:
+        console.print(f"[yellow]estimate may be low[/]: {note}")
+    if facts.floor.get("bytes"):
+        parts = ", ".join(f"{p['role']} {p['name']} {format_bytes(p['bytes'])}"
+                          for p in facts.floor["parts"][:3])
+        console.print(f"floor: [bold]{format_bytes(facts.floor['bytes'])}[/], no recompute "
+                      f"or swap plan peaks lower ({facts.floor['op']} runs with {parts})")
+    if peak["live"]:
+        lt = Table(title=f"live at the peak ({peak['op']}), largest first",
+                   title_justify="left")
+        lt.add_column("tensor", overflow="fold")
+        lt.add_column("shape")
+        lt.add_column("bytes", justify="right", no_wrap=True)
+        for x in peak["live"]:
+            lt.add_row(x.name, format_shape(x.shape), format_bytes(x.bytes))
+        print_table(console, lt)
+
+
 # said where the peak is in TF's first ~90 steps, not in the steady state after them
-_PHASE_NOTE = {"warm-up": ", in TF's warm-up steps (small ops dispatched as tasks)"}
+_PHASE_NOTE = {"warm-up": " (in a training run's first ~90 steps, when TensorFlow runs small "
+                          "ops apart)"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphmem.report.tables import print_table
 from graphmem.rewrite import RewriteResult
 from graphmem.units import format_bytes, format_shape
 
@@ -11,11 +12,12 @@ if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none o
     from rich.console import Console
 
 
-def rewrite_document(result: RewriteResult, output: str) -> dict:
+def rewrite_document(result: RewriteResult, output: str, plot: str | None = None) -> dict:
     plan, choice = result.plan, result.choice
     return {
         "model": str(result.model.path),
         "output": output,
+        "plot": plot,
         "format": result.model.format.value,
         "function": result.model.function_name,
         "policy": choice.policy,
@@ -81,7 +83,8 @@ def _more(console: Console, count: int, what: str) -> None:
         console.print(f"... and {count - SHOWN_ROWS} more {what} (see --json)")
 
 
-def render_rewrite(result: RewriteResult, output: str, console: Console) -> None:
+def render_rewrite(result: RewriteResult, output: str, console: Console,
+                   plot: str | None = None) -> None:
     from rich.table import Table
 
     plan, choice = result.plan, result.choice
@@ -90,29 +93,30 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
     if choice.unmatched:
         console.print(f"[yellow]not found or not recomputable[/]: {', '.join(choice.unmatched)}")
     t = Table(title=f"checkpoints: {len(result.checkpoints)}", title_justify="left")
-    t.add_column("tensor")
+    t.add_column("tensor", overflow="fold")
     t.add_column("shape")
-    t.add_column("bytes", justify="right")
+    t.add_column("bytes", justify="right", no_wrap=True)
     for c in result.checkpoints[:SHOWN_ROWS]:
         t.add_row(c.name, format_shape(c.shape), format_bytes(c.bytes))
     if result.checkpoints:
-        console.print(t)
+        print_table(console, t)
         _more(console, len(result.checkpoints), "checkpoints")
     s = Table(title=f"recompute: {plan.copied_ops} ops copied in {len(plan.segments)} segments, "
                     f"{plan.rewired_inputs} backward inputs rewired", title_justify="left")
     s.add_column("segment", justify="right")
-    s.add_column("after checkpoint")
-    s.add_column("recomputed", justify="right")
-    s.add_column("copied ops", justify="right")
-    s.add_column("held back by")
+    s.add_column("after checkpoint", overflow="fold", ratio=1)
+    s.add_column("ops", justify="right")
+    s.add_column("copies", justify="right")
+    s.add_column("held back by (backward ops)", overflow="fold", ratio=2)
     for seg in plan.segments[:SHOWN_ROWS]:
-        trig = ", ".join(seg.triggers[:2]) + (" ..." if len(seg.triggers) > 2 else "")
+        trig = "\n".join(seg.triggers[:2]) + (f"\n(+{len(seg.triggers) - 2} more)"
+                                               if len(seg.triggers) > 2 else "")
         if trig and seg.ahead:
-            trig = "(next segment) " + trig
+            trig = "next segment's: " + trig
         s.add_row(str(seg.index), seg.checkpoint or "(start)", str(len(seg.targets)),
                   str(seg.copied_ops), trig or "[red]nothing[/]")
     if plan.segments:
-        console.print(s)
+        print_table(console, s)
         _more(console, len(plan.segments), "segments")
     for why, count in plan.kept_blocked.items():
         console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
@@ -147,21 +151,30 @@ def render_rewrite(result: RewriteResult, output: str, console: Console) -> None
                           f"before the gradient they are added to ({format_bytes(e.late_term_bytes)}"
                           " no longer waits through the backward pass)")
     b, a = result.before, result.after
-    ratio = a.peak_bytes / b.peak_bytes if b.peak_bytes else 1.0
+    ratio = f" ({a.peak_bytes / b.peak_bytes:.2f}x)" if b.peak_bytes else ""
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
-                  f"[bold]{format_bytes(a.peak_bytes)}[/] ({ratio:.2f}x), persistent "
-                  f"{format_bytes(a.persistent_bytes)}; nodes {result.nodes_before} -> "
-                  f"{result.nodes_after}")
+                  f"[bold]{format_bytes(a.peak_bytes)}[/]{ratio}, persistent "
+                  f"{format_bytes(a.persistent_bytes)}")
+    console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
         console.print("[yellow]the rewrite would raise the estimated peak: wrote the graph "
                       "unchanged[/] (--keep-worse keeps it)")
-    width = 40
+    width = 30
     top = max(b.peak_bytes, a.peak_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
         bar = "█" * max(1, round(width * est.peak_bytes / top))
-        phase = " (TF's warm-up steps)" if est.phase == "warm-up" else ""
-        console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)} at "
-                      f"{est.peak_op}{phase}")
+        console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)}")
+    for label, est in (("before", b), ("after", a)):
+        console.print(f"  peak {label}: at {est.peak_op}{_phase_note(est.phase)}")
+    if plot:
+        console.print(f"plot written to {plot}")
+
+
+def _phase_note(phase: str | None) -> str:
+    """Where the peak falls when it is in a training run's first steps only."""
+    if phase == "warm-up":
+        return " (in a training run's first ~90 steps, when TensorFlow runs small ops apart)"
+    return ""
 
 
 def _render_loops(result: RewriteResult, console: Console) -> None:
@@ -216,7 +229,7 @@ def _render_swap(result: RewriteResult, console: Console) -> None:
         t.add_row(p.tensor, format_bytes(p.bytes), p.swap_in.rsplit("/", 1)[-1],
                   p.trigger or "[red]none[/]", f"{p.distance} ({p.how})" if p.distance else "-")
     if swap.pairs:
-        console.print(t)
+        print_table(console, t)
         _more(console, len(swap.pairs), "swap pairs")
     for why, count in swap.skipped.items():
         console.print(f"[yellow]not swapped[/]: {count} tensors, {why}")

@@ -43,6 +43,7 @@ class RunSpec:
     # Grappler rewrites, moving results by float rounding (about 1e-7). With Grappler off,
     # a correct rewrite trains bit for bit the same.
     grappler: bool = True
+    backward_scopes: list[str] | None = None  # name scopes of the backward pass (None: default)
 
 
 @dataclass
@@ -60,7 +61,7 @@ class GraphRunner:
         self.tf = tf
         model = ws.model
         self.index = ws.index
-        self.regions = regions or analyze_regions(ws.index, None, spec.batch_size,
+        self.regions = regions or analyze_regions(ws.index, spec.backward_scopes, spec.batch_size,
                                                   ws.collection("losses"))
         self.graph = tf.Graph()
         with self.graph.as_default():
@@ -185,7 +186,7 @@ class FunctionRunner:
         self.tf = tf
         self.index = ws.index
         self.spec = spec
-        self.regions = analyze_regions(ws.index, None, spec.batch_size)
+        self.regions = analyze_regions(ws.index, spec.backward_scopes, spec.batch_size)
         # functions are optimized when first called, under this process-wide setting: set it
         # either way, so one run's choice does not leak into the next
         tf.config.optimizer.set_experimental_options(

@@ -54,11 +54,13 @@ class VerifyResult:
 
 
 def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float,
-           atol: float, fmt=None, tag=None, function=None, warmup: int = 0) -> VerifyResult:
+           atol: float, fmt=None, tag=None, function=None, warmup: int = 0,
+           on_step=None) -> VerifyResult:
     """Train both graphs `warmup + steps` steps on the same feeds, compare every step's
     loss and the variables at the end; peaks and times come from the last `steps` steps
     after a warm-up (TF's executor runs small ops differently for a training run's first
-    ~90 steps, see benchmarks/measure.py), else from all but the first."""
+    ~90 steps, see benchmarks/measure.py), else from all but the first. `on_step(done,
+    total)` is told after each step (a progress display)."""
     ws_a = Workspace.open(load_model(original, fmt, tag, function))
     ws_b = Workspace.open(load_model(rewritten, fmt, tag, function))
     a = make_runner(ws_a, spec)
@@ -74,6 +76,8 @@ def verify(original: str, rewritten: str, spec: RunSpec, steps: int, rtol: float
             feeds = a.feeds(step) if hasattr(a, "feeds") else make_feeds(
                 a.index, a.regions, spec, step)
             ra, rb = a.step(feeds), b.step(feeds)
+            if on_step is not None:  # a progress display: steps done, of all
+                on_step(step + 1, warmup + steps)
             runs_a.append(ra)
             runs_b.append(rb)
             diff = abs(ra.loss - rb.loss)
