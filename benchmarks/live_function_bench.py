@@ -66,15 +66,16 @@ def run_here(args) -> dict:
     import numpy as np
 
     import graphmem
+    from graphmem.runtime.tf_loader import tensorflow
 
-    tf, _model, _opt, train_step = build(args.layers, args.width, args.inputs, args.classes)
-    if not args.grappler:
-        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-    try:
+    tf = tensorflow("the benchmark runs TensorFlow")
+    try:  # as benchmarks/measure.py runs steps; only possible before TF's runtime starts
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     except RuntimeError:
         pass
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": not args.grappler})
+    tf, _model, _opt, train_step = build(args.layers, args.width, args.inputs, args.classes)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((args.batch, args.inputs)).astype(np.float32))
     y = tf.constant(rng.integers(0, args.classes, args.batch).astype(np.int32))
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = run_here(args)
         print(json.dumps(result))
         return result
-    child_args = [a for a in (argv if argv is not None else sys.argv[1:])]
+    child_args = list(argv if argv is not None else sys.argv[1:])
     runs = []
     for _ in range(args.processes):
         out = subprocess.run([sys.executable, "-m", "benchmarks.live_function_bench",

@@ -167,17 +167,14 @@ def test_no_backward_pass_is_an_input_error(tf):
         graphmem.function(forward, tf.zeros([4, 4]))
 
 
-def test_measured_peak_is_lower(tf):
-    """The rewritten step, measured in this process against the original (alternating
-    steps, medians): benchmarks/live_function_bench.py does the same on a 24-layer MLP
-    over 3 processes."""
-    from argparse import Namespace
+def test_measured_peak_is_lower():
+    """The rewritten step against the original, stepped alternately in a fresh process
+    with one intra-op and one inter-op thread (medians of the steps after the first two);
+    benchmarks/live_function_bench.py with its defaults does the same on a 24-layer MLP
+    over 3 processes. A 16-layer MLP measures 0.48-0.58x from process to process."""
+    from benchmarks.live_function_bench import main
 
-    from benchmarks.live_function_bench import run_here
-
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
-    args = Namespace(layers=12, width=256, inputs=256, classes=10, batch=64,
-                     policy="memory", steps=5, skip=2, threads=1, grappler=True)
-    result = run_here(args)
-    assert result["copied_ops"] > 0
-    assert result["rewritten_peak"] < 0.85 * result["original_peak"], result
+    result = main(["--layers", "16", "--width", "512", "--inputs", "512", "--batch", "128",
+                   "--steps", "5", "--processes", "1"])
+    assert result["runs"][0]["copied_ops"] > 0
+    assert result["rewritten_peak"] < 0.8 * result["original_peak"], result
