@@ -10,7 +10,8 @@ first batch has run.
 
 Supported: `fit` and `train_on_batch` with the default distribution strategy,
 `steps_per_execution=1`, batches of one structure (x, y and optional sample weights) with
-the same inner shapes and dtypes. Not supported (refused with a clear error): other
+the same inner shapes and dtypes (a batch of another structure, as `train_on_batch`
+may give, is rewritten on its own when it first comes). Not supported (refused with a clear error): other
 distribution strategies, `steps_per_execution > 1`, `run_eagerly=True` (nothing to
 rewrite). The step runs without XLA even if `compile(jit_compile=True)` asked for it.
 `evaluate` and `predict` are left as Keras builds them. `compile` again resets the train
@@ -56,13 +57,16 @@ class _TrainFunction:
         self.tf = tf
         self.model = model
         self.options = options
-        self.step = None
+        self.steps: dict[str, Any] = {}  # one rewritten step per batch structure
 
     def __call__(self, iterator):
         data = self._next(iterator)
-        if self.step is None:
-            self.step = self._rewrite(data)
-        return self.step(data)
+        key = repr(self.tf.nest.map_structure(
+            lambda t: None if t is None else (t.dtype.name, tuple(t.shape[1:])), data))
+        step = self.steps.get(key)
+        if step is None:
+            step = self.steps[key] = self._rewrite(data)
+        return step(data)
 
     def _next(self, iterator):
         tf = self.tf
@@ -73,9 +77,16 @@ class _TrainFunction:
             data = data.get_value()
         else:  # train_on_batch: a generator of one batch
             data = next(iter(iterator))
-        # Keras marks absent sample weights as empty Optionals: the step sees None
-        return tf.nest.map_structure(
-            lambda t: None if isinstance(t, tf.experimental.Optional) else t, data)
+        # Keras marks absent sample weights as empty Optionals (fit) or None
+        # (train_on_batch): the step sees (x, y), as `unpack_x_y_sample_weight` would
+        data = tf.nest.map_structure(
+            lambda t: None if t is None or isinstance(t, tf.experimental.Optional) else
+            tf.convert_to_tensor(t), data)
+        if isinstance(data, (tuple, list)):
+            data = tuple(data)
+            while len(data) > 1 and data[-1] is None:
+                data = data[:-1]
+        return data
 
     def _rewrite(self, data):
         import graphmem
