@@ -224,3 +224,33 @@ def test_rewrite_and_plan_are_functions_and_still_their_modules():
     assert "model" in __import__("inspect").signature(graphmem.rewrite).parameters
     assert graphmem.rewrite.__doc__.startswith("Rewrite a training graph")
     assert callable(graphmem.inspect) and callable(graphmem.verify)
+
+
+@pytest.mark.tf
+def test_verify_in_memory_models():
+    meta = _graph_def_from(MLP)
+    rewritten = graphmem.rewrite(meta, batch_size=16).rewritten
+    result = graphmem.verify(meta, rewritten, steps=2, exact=True)
+    assert result.same_training and result.max_variable_diff == 0
+    assert result.variables_compared > 0
+    assert result.to_json()["original"]["path"] == "<in-memory MetaGraphDef>"
+
+
+@pytest.mark.tf
+def test_verify_differing_training_raises_check_failed(tmp_path):
+    """A rewritten graph that trains differently (another learning rate): exit 1 as an
+    exception, with the result kept for check=False."""
+    import tensorflow as tf
+
+    other = tf.compat.v1.MetaGraphDef.FromString(MLP.read_bytes())
+    changed = 0
+    for node in other.graph_def.node:
+        if node.op == "Const" and node.name.endswith("learning_rate"):
+            node.attr["value"].tensor.float_val[:] = [0.5]
+            changed += 1
+    assert changed == 1
+    with pytest.raises(CheckFailed, match="training differs") as info:
+        graphmem.verify(MLP, other, steps=2)
+    assert info.value.exit_code == 1
+    result = graphmem.verify(MLP, other, steps=2, check=False)
+    assert not result.same_training and result.mismatches
