@@ -178,3 +178,51 @@ def test_measured_peak_is_lower():
                    "--steps", "5", "--processes", "1"])
     assert result["runs"][0]["copied_ops"] > 0
     assert result["rewritten_peak"] < 0.8 * result["original_peak"], result
+
+
+def test_loop_bodies_are_rewritten_under_new_names(tf):
+    """A stacked LSTM's train step: the loop pass rebuilds values inside the While bodies
+    (library functions the step calls); the edited bodies are registered under new names,
+    the originals stay as they were, and training is the same."""
+    from tensorflow.python.eager import context
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((12, 8)),
+                                 tf.keras.layers.LSTM(64, return_sequences=True),
+                                 tf.keras.layers.LSTM(64), tf.keras.layers.Dense(4)])
+    opt = tf.keras.optimizers.Adam(1e-3)
+    opt.build(model.trainable_variables)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    train_step = _train_step(tf, model, opt, loss)
+    batches = _batches(tf, (12, 8), 4, batch=32, count=3)
+    concrete = train_step.get_concrete_function(*batches[0])
+    ctx = context.context()
+    graph = tf.Graph()
+    with graph.as_default():
+        concrete.add_to_graph(graph)
+    library = {f.signature.name: f.SerializeToString(deterministic=True)
+               for f in graph.as_graph_def().library.function}
+    variables = list(concrete.variables)
+    start = [v.numpy() for v in variables]
+
+    step = graphmem.function(train_step, *batches[0])
+    rebuilt = step.report.loops.loops
+    assert len(rebuilt) == 2 and all(lp.rebuilt for lp in rebuilt)
+    assert step._registered and all("_graphmem_" in n for n in step._registered)
+    called = {f.name for n in step.function_def.node_def
+              for a in n.attr.values() if a.WhichOneof("value") == "func" for f in [a.func]}
+    assert called & set(step._registered)  # the rewritten step calls the new bodies
+    kept = [n for n in library if ctx.has_function(n)]
+    assert len(kept) >= 4  # the step, both loops' bodies and their gradients' bodies
+    for name in kept:  # the original functions are untouched
+        assert ctx.get_function_def(name).SerializeToString(deterministic=True) == \
+            library[name], name
+
+    losses_a = _train(train_step, batches)
+    after_a = [v.numpy() for v in variables]
+    for v, value in zip(variables, start, strict=True):
+        v.assign(value)
+    losses_b = _train(step, batches)
+    assert losses_a == losses_b
+    for v, a in zip(variables, after_a, strict=True):
+        np.testing.assert_array_equal(a, v.numpy(), err_msg=v.name)
