@@ -2,6 +2,8 @@
 like the original (Grappler off), on the original's own variables, with a lower measured
 peak."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -130,7 +132,9 @@ def test_open_batch_dimension_serves_every_batch_size(tf):
     model, train_step, (shape, classes) = _deep_mlp(tf, layers=4)
     spec = (tf.TensorSpec([None, *shape], tf.float32), tf.TensorSpec([None], tf.int32))
     step = graphmem.function(train_step, *spec, batch_size=16)
-    assert step.report.model.function_name
+    doc = json.loads(json.dumps(step.report.to_json()))  # the report as `rewrite --json`
+    assert doc["function"] == step.report.model.function_name and doc["output"] is None
+    assert doc["copied_ops"] == step.report.plan.copied_ops > 0
     for batch in (16, 5):
         (x, y), = _batches(tf, shape, classes, batch=batch, count=1)
         assert np.isfinite(float(step(x, y)))
