@@ -106,6 +106,32 @@ def load_model(
     return model
 
 
+def load_message(message: Message, function: str | None = None,
+                 name: str = "<in-memory>") -> LoadedModel:
+    """A GraphDef or MetaGraphDef already in memory (the library API's models), as
+    `load_model` would read it from a file. The message is copied into graphmem's own
+    classes (TensorFlow's are accepted: messages cross as bytes), so the caller's object
+    is never edited; `name` stands for the path in reports."""
+    kind = getattr(getattr(message, "DESCRIPTOR", None), "full_name", None)
+    if kind == "tensorflow.MetaGraphDef":
+        meta = protos.MetaGraphDef()
+        meta.ParseFromString(message.SerializeToString())
+        if not meta.graph_def.node and not meta.graph_def.library.function:
+            raise InputError(f"{name} is not a MetaGraphDef with a graph (no nodes found)")
+        model = LoadedModel(Path(name), Format.META, meta, meta.graph_def, meta_graph=meta)
+    elif kind == "tensorflow.GraphDef":
+        graph = protos.GraphDef()
+        graph.ParseFromString(message.SerializeToString())
+        if not graph.node and not graph.library.function:
+            raise InputError(f"{name} is a GraphDef with no nodes")
+        model = LoadedModel(Path(name), Format.GRAPHDEF, graph, graph)
+    else:
+        raise InputError(f"expected a path, a GraphDef or a MetaGraphDef, got "
+                         f"{kind or type(message).__name__}")
+    model.function_name = _choose_function(model, function)
+    return model
+
+
 def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
     directory = path if path.is_dir() else path.parent
     pb, pbtxt = directory / SAVED_MODEL_FILES[0], directory / SAVED_MODEL_FILES[1]
