@@ -52,7 +52,7 @@ MIB = 2 ** 20
 # name -> canonical input side
 SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
-         "vgg_16": 224, "alexnet_v2": 224}
+         "vgg_16": 224, "alexnet_v2": 224, "unet": 256}
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
 
 
@@ -64,13 +64,16 @@ import sys
 sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
 from benchmarks.slim_models_bench import build
+from benchmarks.networks_bench import build_unet
 peer = None
 if {peer!r}:
     sys.path.insert(0, {str(PEERS)!r})
     import openai_peer
     openai_peer.module()
     peer = lambda loss, opt: openai_peer.minimize(loss, opt, policy="memory")
-build({name!r}, Path({str(path)!r}), {side!r}, minimize=peer)
+(build_unet if {name!r} == "unet" else lambda p, s, minimize: build({name!r}, p, s,
+                                                                    minimize=minimize))(
+    Path({str(path)!r}), {side!r}, minimize=peer)
 """
     env = {**os.environ, "GM_MIRRORS": os.environ.get("GM_MIRRORS", "/work/.mirror"),
            "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -80,6 +83,69 @@ build({name!r}, Path({str(path)!r}), {side!r}, minimize=peer)
         lines = proc.stderr.strip().splitlines()
         return lines[-1] if lines else f"exit {proc.returncode}"
     return None
+
+
+def build_unet(path: Path, side: int, minimize=None, levels=(64, 128, 256, 512),
+               classes: int = 2) -> None:
+    """A U-Net (Ronneberger et al. 2015) as TF1 segmentation training graph: two 3x3
+    convolutions with batch norm and ReLU per level, max pooling down, transposed
+    convolutions up, long skips joined by concatenation, a 1x1 head, per-pixel softmax
+    cross-entropy, L2 weight decay and Momentum; `minimize(loss, opt)` as in
+    slim_models_bench.build."""
+    import tensorflow as tf
+
+    from benchmarks.slim_models_bench import _legacy_layers_shim
+
+    _legacy_layers_shim()
+    import tf_slim as slim
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    v1.disable_control_flow_v2()
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(1)
+        x = v1.placeholder(tf.float32, [None, side, side, 3], name="x")
+        y = v1.placeholder(tf.int32, [None, side, side], name="y")
+        count = [0]
+
+        def conv(h, c, k=3):
+            count[0] += 1
+            w = v1.get_variable(f"conv{count[0]}", [k, k, h.shape[-1], c], use_resource=True,
+                                initializer=v1.glorot_uniform_initializer(seed=count[0]))
+            v1.add_to_collection(v1.GraphKeys.REGULARIZATION_LOSSES, 1e-4 * tf.nn.l2_loss(w))
+            h = tf.nn.conv2d(h, w, 1, "SAME")
+            h = slim.batch_norm(h, is_training=True, fused=True, scale=True)
+            return tf.nn.relu(h)
+
+        skips, h = [], x
+        for c in levels:
+            h = conv(conv(h, c), c)
+            skips.append(h)
+            h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+        h = conv(conv(h, 2 * levels[-1]), 2 * levels[-1])
+        for n, c in enumerate(reversed(levels)):
+            w = v1.get_variable(f"up{n}", [2, 2, c, h.shape[-1]], use_resource=True,
+                                initializer=v1.glorot_uniform_initializer(seed=100 + n))
+            size = int(h.shape[1]) * 2
+            shape = tf.stack([tf.shape(h)[0], size, size, c])
+            h = tf.reshape(tf.nn.conv2d_transpose(h, w, shape, 2, "SAME"), [-1, size, size, c])
+            h = tf.concat([h, skips[-1 - n]], -1)
+            h = conv(conv(h, c), c)
+        w = v1.get_variable("head", [1, 1, levels[0], classes], use_resource=True,
+                            initializer=v1.glorot_uniform_initializer(seed=999))
+        logits = tf.nn.conv2d(h, w, 1, "SAME")
+        v1.losses.sparse_softmax_cross_entropy(y, logits)
+        loss = v1.losses.get_total_loss()
+        opt = v1.train.MomentumOptimizer(0.01, 0.9)
+        with tf.control_dependencies(v1.get_collection(v1.GraphKeys.UPDATE_OPS)):
+            train_op = minimize(loss, opt) if minimize else opt.minimize(loss, name="train_op")
+        v1.add_to_collection("train_op", train_op)
+        v1.variables_initializer(v1.global_variables(), name="init")
+        saver = v1.train.Saver()
+        v1.train.export_meta_graph(filename=str(path),
+                                   graph_def=graph.as_graph_def(add_shapes=True),
+                                   saver_def=saver.as_saver_def())
 
 
 def _graphmem(*args: str) -> tuple[int, dict | None, str]:
