@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from graphmem.analysis.activations import analyze_forward
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.spine import analyze_spine
-from graphmem.estimate import estimate_step
+from graphmem.analysis.step_estimate import estimate_step
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import build_units, model_base, solve_budget

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, analyze_regions
+from graphmem.analysis.step_estimate import estimate_step
 from graphmem.analysis.variables import find_variables
-from graphmem.estimate import estimate_step
 from graphmem.graph import dtypes
 from graphmem.graph.index import CONTROL_FLOW_V2
 from graphmem.graph.workspace import Workspace

@@ -33,6 +33,7 @@ from graphmem.analysis.schedule import executor_orders
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
+from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
@@ -99,6 +100,14 @@ class MemoryEstimate:
     phase: str = "steady"
 
 
+def loop_body_peak(body: GraphIndex, batch_size: int | None, library: Message,
+                   depth: int) -> int:
+    """Peak of one iteration of a v2 loop body, for the loop facts (loops.analyze_loops).
+    Requested bytes: the body's buffers live inside the step's allocator."""
+    return estimate_memory(body, batch_size, top=0, library=library, allocator=False,
+                           _loop_depth=depth).peak_bytes
+
+
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     keep_timeline: bool = False, top: int = 10,
                     order: list[int] | None = None,
@@ -121,7 +130,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     bfc.py), not the bytes asked for. Ops in `bypassed` are ones Grappler removes (they
     take no turn in the executor's order, see schedule.py)."""
     host = normalize_device(host_device) if host_device else None
-    loops = analyze_loops(index, batch_size, library, _loop_depth)
+    loops = analyze_loops(index, batch_size, library, _loop_depth, loop_body_peak)
     variables = persistent_buffers(index)
     run_in = _Simulation(index, batch_size, host, keep_timeline, top, loops,
                          scratch_model(index, batch_size, onednn), allocator,
@@ -653,14 +662,3 @@ def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Ten
 def _reads_variable(index: GraphIndex, i: int) -> bool:
     ins = index.data_inputs[i]
     return bool(ins) and index.ops[ins[0][0]] in VARIABLE_OPS
-
-
-def normalize_device(device: str) -> str:
-    """'/job:localhost/replica:0/task:0/device:CPU:0', '/cpu:0' -> '/device:CPU:0'."""
-    if not device:
-        return ""
-    tail = device.rsplit("/", 1)[-1]
-    if tail.lower().startswith("device:"):
-        tail = tail[len("device:"):]
-    kind, _, number = tail.partition(":")
-    return f"/device:{kind.upper()}:{number or '0'}"

@@ -23,10 +23,15 @@ import contextlib
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
 from graphmem.graph.index import GraphIndex, Tensor
+
+if TYPE_CHECKING:
+    from graphmem.analysis.memory import MemoryEstimate
+    from graphmem.passes.checkpoints import CheckpointChoice
 
 MAX_UNITS = 400
 # Up to this many units the MILP solves in well under a second; beyond it HiGHS often runs
@@ -509,3 +514,163 @@ def parse_budget(text: str, original_peak: int) -> int:
         return int(value)
     raise UsageError(f"--budget {text!r}: give a size (2GiB, 500MB) or a fraction of the "
                      "original peak in (0, 1]")
+
+
+# ---- the search: the model's plans applied and estimated -------------------------------
+# A budget plan the estimate finds this far (a share of the budget) below what the model
+# said is worth planning again with the model's error taken into account: a cheaper plan
+# may fit.
+MODEL_SLACK = 0.02
+# Plans tried between a budget plan that fits and one that does not (each one more apply
+# and estimate), and the model solves that may take to find them
+BISECT_STEPS = 3
+BISECT_PROBES = 8
+
+
+@dataclass
+class BudgetCandidate:
+    """One candidate plan of the budget policy, applied and estimated."""
+
+    policy: str  # "budget" (the model's), "memory", "speed" or "memory_top"
+    choice: CheckpointChoice
+    applied: object  # what the runner's `apply` returned for it
+    after: MemoryEstimate
+    extra_flops: int  # FLOPs of the ops it copies
+    solution: BudgetSolution | None = None  # the budget model's, for its own plans
+
+
+class PlanRunner(Protocol):
+    """The rewrite as the search sees it: a black box that applies a checkpoint choice
+    (every pass of the pipeline), measures the result, and undoes it."""
+
+    def apply(self, choice: CheckpointChoice) -> object:
+        """Rewrite the workspace for `choice`; returns what `measure` reads."""
+
+    def measure(self, applied: object) -> tuple[MemoryEstimate, int]:
+        """(estimate, FLOPs of the copies) of the graph as `apply` left it."""
+
+    def restore(self) -> None:
+        """Put the original graph back."""
+
+
+def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, budget: int,
+                  base_peak: int, runner: PlanRunner
+                  ) -> tuple[BudgetCandidate, BudgetSolution | None]:
+    """The plan with the least recompute whose *estimated* peak fits the budget, or the
+    lowest one. The budget model is a chain and errs both ways: each of its plans is
+    applied and estimated, and the error learned corrects the next attempt's budget (up
+    when the model was pessimistic, down when optimistic). Plans of the memory and speed
+    policies are candidates too, and the memory policy's with its top segment kept
+    (`keep_top_segment`); when no plan fits, so is the model's lowest. Last, the model's
+    budget is bisected between the plans that fit and those that do not. Leaves the chosen
+    plan applied (`BudgetCandidate.applied`)."""
+    from graphmem.passes.checkpoints import (
+        candidate_tensors,
+        choose_checkpoints,
+        keep_top_segment,
+    )
+
+    runs: list[BudgetCandidate] = []
+    tried: dict[tuple[bool, ...], bool] = {}  # plan (units recomputed) -> fits the budget
+    probes: list[tuple[int, bool]] = []  # (budget the model planned for, its plan fits)
+
+    def candidate(policy: str, choice: CheckpointChoice,
+                  sol: BudgetSolution | None = None) -> BudgetCandidate:
+        applied = runner.apply(choice)
+        after, flops = runner.measure(applied)
+        run = BudgetCandidate(policy, choice, applied, after, flops, sol)
+        runs.append(run)
+        runner.restore()
+        return run
+
+    def attempt(model_budget: int) -> BudgetSolution | None:
+        """Plan for `model_budget` with the model, apply and estimate the plan (once per
+        distinct plan); returns the model's solution."""
+        choice, sol = choose_budget_checkpoints(
+            index, regions, facts, candidate_tensors(index, regions, facts),
+            batch_size, model_budget, base_peak)
+        key = tuple(sol.recompute) if sol is not None else None
+        if key in tried:
+            probes.append((model_budget, tried[key]))
+            return sol  # a plan already estimated
+        run = candidate("budget", choice, sol)
+        if key is not None:
+            tried[key] = run.after.peak_bytes <= budget
+            probes.append((model_budget, tried[key]))
+        return sol
+
+    correction = 0
+    for _attempt in range(4):
+        known = len(runs)
+        solution = attempt(budget - correction)
+        if solution is None or len(runs) == known:
+            break  # no spine to plan on, or corrected to a plan already estimated
+        after = runs[-1].after
+        error = after.peak_bytes - solution.model_peak
+        fits = after.peak_bytes <= budget
+        if fits and error >= -MODEL_SLACK * budget:
+            break  # the model was right here: a cheaper plan would not fit
+        if not fits and not solution.feasible:
+            break  # the model's lowest plan is over already
+        correction = error
+    if solution is not None and not any(fits for _, fits in probes):
+        # the corrections can stop short of the model's lowest plan, which is what
+        # `graphmem plan` offers as the bottom of its curve (planned for a budget of its
+        # peak: below it the model returns another plan of that peak): a candidate too
+        attempt(solution.min_peak)
+    new_plans = len(runs) + BISECT_STEPS
+    for _probe in range(BISECT_PROBES):
+        # one correction can overshoot: the model's error differs from plan to plan. Between
+        # the largest model budget whose plan fits and the smallest above it whose plan
+        # does not, a cheaper plan that fits may lie (a probe may land on a plan already
+        # estimated: it narrows the interval all the same)
+        fit = [b for b, fits in probes if fits]
+        over = [b for b, fits in probes if not fits and fit and b > max(fit)]
+        if not over or min(over) - max(fit) <= MODEL_SLACK * budget or \
+                len(runs) >= new_plans:
+            break
+        attempt((max(fit) + min(over)) // 2)
+    for policy in ("memory", "speed", "memory_top"):
+        alt = choose_checkpoints(policy.removesuffix("_top"), index, regions, facts,
+                                 batch_size)
+        if policy == "memory_top":
+            alt.tensors = keep_top_segment(index, regions, alt.tensors,
+                                           candidate_tensors(index, regions, facts))
+        candidate(policy, alt)
+    fitting = [r for r in runs if r.after.peak_bytes <= budget]
+    best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
+        min(runs, key=lambda r: r.after.peak_bytes)
+    best.applied = runner.apply(best.choice)
+    model_runs = [r for r in runs if r.solution is not None]
+    solution = best.solution or (model_runs[-1].solution if model_runs else None)
+    if solution is not None:
+        model_run = next((r for r in model_runs if r.after.peak_bytes <= budget),
+                         model_runs[-1] if model_runs else best)
+        best.choice.policy = "budget"
+        best.choice.note = _budget_note(solution, budget, best.after.peak_bytes, best.policy,
+                                        model_run, best)
+        solution.chosen, solution.extra_flops = best.policy, best.extra_flops
+    return best, solution
+
+
+def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: str,
+                 model_run: BudgetCandidate, best: BudgetCandidate) -> str:
+    from graphmem.units import format_bytes
+
+    total = solution.total_flops or 1
+    solution.feasible = estimated <= budget  # the estimate decides, not the model
+    plan = {"memory_top": "the memory policy's plan with its top segment kept"}.get(
+        policy, f"the {policy} policy's plan")
+    if estimated > budget:
+        return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
+                f"({solution.method if policy == 'budget' else plan}) "
+                f"reaches {format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
+    if policy != "budget":
+        model = ("did not fit" if model_run.after.peak_bytes > budget else
+                 f"+{model_run.extra_flops / total:.0%} forward FLOPs")
+        return (f"{plan} (+{best.extra_flops / total:.0%} forward FLOPs) "
+                f"fits the budget of {format_bytes(budget)} with the least recompute (the "
+                f"budget model's plan: {model})")
+    return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
+            f"units recomputed (+{best.extra_flops / total:.0%} forward FLOPs) for a budget of "
+            f"{format_bytes(budget)}")
