@@ -71,7 +71,10 @@ class Case:
         return argv
 
     def key(self) -> str:
-        return json.dumps([self.command, str(self.model), self.args, self.suffix])
+        """The case's identity across runs: a synthetic graph by its name, not its folder."""
+        model = self.model.relative_to(FIXTURES) if self.model.is_relative_to(FIXTURES) \
+            else Path("synthetic", self.model.name)
+        return json.dumps([self.command, str(model), self.args, self.suffix])
 
 
 def fixture_cases() -> list[Case]:
@@ -138,20 +141,23 @@ def strip_timings(doc):
     return doc
 
 
-def run_case(root: Path, case: Case, out: Path) -> dict:
-    """One command in a fresh process, `root`'s graphmem first on the path."""
+def run_case(root: Path, case: Case, out: Path, work: Path) -> dict:
+    """One command in a fresh process, `root`'s graphmem first on the path. Paths in its
+    output are written relative to the run's folder (`<OUT>`) and the work folder
+    (`<WORK>`, where the synthetic graphs are)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONHASHSEED="0")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "graphmem.cli", *case.argv(out)],
                           capture_output=True, text=True, env=env, cwd=str(out))
     seconds = time.perf_counter() - start
-    text = proc.stdout.replace(str(out), "<OUT>")
+    text = proc.stdout.replace(str(out), "<OUT>").replace(str(work), "<WORK>")
     try:
         report = strip_timings(json.loads(text)) if text.strip() else None
     except json.JSONDecodeError:
         report = {"unparsed stdout": text}
-    errors = [line for line in proc.stderr.replace(str(out), "<OUT>").splitlines()
+    errors = [line for line in proc.stderr.replace(str(out), "<OUT>")
+              .replace(str(work), "<WORK>").splitlines()
               if line.startswith("graphmem: ")]
     if proc.returncode not in (0, 1, 2, 3) or "Traceback" in proc.stderr:
         errors.append(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "")
@@ -187,7 +193,7 @@ def commit_of(root: Path) -> str:
 
 def run_all(root: Path, label: str, cases: list[Case], work: Path, jobs: int) -> dict:
     def one(case: Case) -> tuple[str, dict]:
-        return case.name, run_case(root, case, work / label / case.name)
+        return case.name, run_case(root, case, work / label / case.name, work)
 
     with ThreadPoolExecutor(max(jobs, 1)) as pool:
         return dict(pool.map(one, cases))

@@ -92,11 +92,9 @@ class RewriteResult:
 
 def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     index = ws.index
-    regions = analyze_regions(index, options.backward_scopes, options.batch_size,
-                              ws.collection("losses"))
+    regions = _regions(ws, index, options)
     if ws.refine_shapes(regions.step_nodes(index), options.batch_size):
-        regions = analyze_regions(index, options.backward_scopes, options.batch_size,
-                                  ws.collection("losses"))
+        regions = _regions(ws, index, options)
     replayable = set()
     if options.recompute_loops:
         from graphmem.analysis.replayable_loops import replayable_loops
@@ -235,10 +233,12 @@ def _estimate_bytes(ws: Workspace, graph: bytes, options: RewriteOptions) -> Mem
     graph_def = type(ws.graph_def)()
     graph_def.ParseFromString(graph)
     other = replace(ws, graph_def=graph_def, view=None)
-    index = other.reindex(appended=False)
-    regions = analyze_regions(index, options.backward_scopes, options.batch_size,
-                              ws.collection("losses"))
-    return _estimate(other, regions, options)
+    return _estimate(other, _regions(other, other.reindex(appended=False), options), options)
+
+
+def _regions(ws: Workspace, index, options: RewriteOptions):
+    return analyze_regions(index, options.backward_scopes, options.batch_size,
+                           ws.collection("losses"))
 
 
 def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOptions) -> int:
