@@ -9,8 +9,8 @@ rest in the gradient frame:
 
 - kept: loop-carried values (the frame's Merge / Switch outputs and their Identity),
   outputs of stateful ops (TensorArray reads of the input, variable reads, random ops),
-  values of variables read through ref Enters, values the pass cannot copy, and with
-  `keep_matmuls` (policy speed) matmul and convolution outputs;
+  values of variables read through ref Enters, values the pass cannot copy, and
+  with the speed policy, matmul and convolution outputs;
 - recomputed: every other pushed value larger than one allocation unit whose producers,
   walked back within the iteration, end in kept values, loop invariants (`Enter` with
   is_constant) and constants.
@@ -46,7 +46,7 @@ from graphmem.graph.names import input_string
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 COPY_DIR = "graphmem_loop_recompute"
-_UNSTACKABLE = frozenset({dtypes.RESOURCE, dtypes.VARIANT, 7})  # handles, variants, strings
+_UNSTACKABLE = frozenset({dtypes.RESOURCE, dtypes.VARIANT, dtypes.STRING})
 _ALLOC_UNIT = 256  # a value this small costs a stack element whatever it holds
 _KEEP, _COPY, _INVARIANT, _CANNOT = "keep", "copy", "invariant", "cannot"
 
