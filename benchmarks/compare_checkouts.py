@@ -112,12 +112,24 @@ def synthetic_cases(work: Path, sizes: list[str]) -> list[Case]:
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_meta(shape, parse_size(size), path, True)
+                _deterministic(path)
             name = f"synthetic-{shape}-{size}"
             cases.append(Case(f"{name}.inspect", "inspect", path, ["--json"]))
             for label in ("memory", "speed", "budget-0.6", "swap", "none"):
                 cases.append(Case(f"{name}.rewrite-{label}", "rewrite", path,
                                   [*POLICIES[label], "--json"], ".meta"))
     return cases
+
+
+def _deterministic(path: Path) -> None:
+    """Write the graph again with its maps (attrs) in a fixed order: the generator's bytes
+    vary from process to process, and a rewrite keeps the order it read, so outputs
+    compared with results kept from an earlier run would differ for that alone."""
+    from graphmem import protos
+
+    meta = protos.MetaGraphDef()
+    meta.ParseFromString(path.read_bytes())
+    path.write_bytes(meta.SerializeToString(deterministic=True))
 
 
 def digest(path: Path) -> str | None:
