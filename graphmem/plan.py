@@ -12,16 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import analyze_forward
+from graphmem.analysis.cost import copied_flops
 from graphmem.analysis.floor import step_floor
 from graphmem.analysis.inspect import floor_facts
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.spine import analyze_spine
-from graphmem.estimate import estimate_step
+from graphmem.analysis.step_estimate import estimate_step
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.budget import build_units, model_base, solve_budget
 from graphmem.passes.checkpoints import candidate_tensors
-from graphmem.rewrite import RewriteOptions, copied_flops, early_updates_peak, rewrite_workspace
+from graphmem.rewrite import RewriteOptions, early_updates_peak, rewrite_workspace
 
 
 @dataclass

@@ -19,7 +19,7 @@ INPUT_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
                        "IteratorGetNext", "IteratorGetNextSync", "QueueDequeue",
                        "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
                        "QueueDequeueUpTo", "QueueDequeueUpToV2"})
-_UNSAFE_DTYPES = frozenset({dtypes.RESOURCE, dtypes.VARIANT, 7})  # handles, variants, strings
+_UNSAFE_DTYPES = frozenset({dtypes.RESOURCE, dtypes.VARIANT, dtypes.STRING})
 
 
 @dataclass

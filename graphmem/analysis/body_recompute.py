@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.graph import dtypes
 from graphmem.graph.function_view import ARG_OP, RETVAL_OP, functions_named
 from graphmem.graph.index import CONTROL_FLOW_V1, CONTROL_FLOW_V2, GraphIndex, Tensor
 
-_HANDLE_TYPES = frozenset({20, 21})  # DT_RESOURCE, DT_VARIANT
+_HANDLE_TYPES = frozenset({dtypes.RESOURCE, dtypes.VARIANT})
 _HANDLE_PREFIXES = ("TensorList", "TensorArray", "Stack")
 _MAX_WALK = 10_000  # ops one rebuild may copy: a body that large is left alone
 

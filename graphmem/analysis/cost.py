@@ -10,6 +10,7 @@ from __future__ import annotations
 from math import prod
 
 from graphmem.graph.index import GraphIndex, num_elements
+from graphmem.graph.names import COPY_SCOPE
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
            "BatchMatMul": ("adj_x", True), "BatchMatMulV2": ("adj_x", True),
@@ -37,3 +38,9 @@ def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
             per_output = prod(f[:-2]) * (1 if op == "DepthwiseConv2dNative" else f[-2])
             return 2 * out * per_output
     return max(out, 1)
+
+
+def copied_flops(index: GraphIndex, batch_size: int | None) -> int:
+    """Extra forward FLOPs of a rewritten graph: those of its recompute copies."""
+    return sum(op_flops(index, i, batch_size) for i in range(len(index))
+               if index.names[i].startswith(COPY_SCOPE + "/"))

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from graphmem.analysis.batch import missing_batch_message, resolve_batch_size
 from graphmem.analysis.floor import Floor, step_floor
 from graphmem.analysis.regions import Regions, analyze_regions
+from graphmem.analysis.step_estimate import estimate_step
 from graphmem.analysis.variables import find_variables
-from graphmem.estimate import estimate_step
 from graphmem.graph import dtypes
 from graphmem.graph.index import CONTROL_FLOW_V2
 from graphmem.graph.workspace import Workspace

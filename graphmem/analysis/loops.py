@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
+from graphmem.graph import dtypes
 from graphmem.graph.index import V2_LOOP_OPS, GraphIndex, Tensor, nbytes
 
 _FORWARDS = frozenset({"Identity", "Enter", "RefEnter", "Cast", "Snapshot", "StopGradient"})
@@ -89,10 +91,18 @@ class LoopFacts:
         return not (self.push_steps or self.output_bytes or self.body_peak)
 
 
+# the peak of one iteration of a v2 loop body: (body index, batch size, library, depth) ->
+# bytes. Supplied by the memory simulation (memory.py), which uses these facts: passed in
+# rather than imported, so that the loop facts do not depend on the simulator.
+BodyPeak = Callable[[GraphIndex, "int | None", Message, int], int]
+
+
 def analyze_loops(index: GraphIndex, batch_size: int | None,
-                  library: Message | None = None, _depth: int = 0) -> LoopFacts:
+                  library: Message | None = None, _depth: int = 0,
+                  body_peak: BodyPeak | None = None) -> LoopFacts:
     """Loop facts of `index`; `library` holds the bodies of v2 While ops (the graph's own
-    function library by default)."""
+    function library by default). `body_peak` sizes one iteration of each v2 body
+    (`body_peak` of the facts); without it those stay 0."""
     facts = LoopFacts()
     ops = index.ops
     has_v1 = any(index.frame)
@@ -113,7 +123,7 @@ def analyze_loops(index: GraphIndex, batch_size: int | None,
         if library is None:
             library = index.graph_def.library
         functions = {f.signature.name: f for f in library.function}
-        bodies = _Bodies(index, functions, batch_size, library, _depth)
+        bodies = _Bodies(index, functions, batch_size, library, _depth, body_peak)
         for w in whiles:  # in file order: a gradient While follows its forward While
             _v2_while(index, w, values, bodies, facts)
     return facts
@@ -237,11 +247,11 @@ def const_ints(node: Message) -> int | list[int] | None:
     count = dims[0] if dims else 1
     if count > 64:
         return None
-    if tp.dtype == 3:
+    if tp.dtype == dtypes.INT32:
         vals = list(tp.int_val) or (list(struct.unpack(f"<{len(tp.tensor_content) // 4}i",
                                                        tp.tensor_content))
                                      if tp.tensor_content else [])
-    elif tp.dtype == 9:
+    elif tp.dtype == dtypes.INT64:
         vals = list(tp.int64_val) or (list(struct.unpack(f"<{len(tp.tensor_content) // 8}q",
                                                          tp.tensor_content))
                                        if tp.tensor_content else [])
@@ -474,8 +484,10 @@ class _Body:
 class _Bodies:
     """Function bodies of While ops as indexed graphs, built once per function."""
 
-    def __init__(self, index, functions, batch_size, library, depth) -> None:
+    def __init__(self, index, functions, batch_size, library, depth,
+                 body_peak: BodyPeak | None) -> None:
         self.registry = index.registry
+        self.body_peak = body_peak
         self.functions = functions
         self.batch_size = batch_size
         self.library = library
@@ -486,13 +498,10 @@ class _Bodies:
         if name not in self._cache:
             self._cache[name] = self._build(name)
         body = self._cache[name]
-        if body is not None and with_peak and body.peak == 0 and self.depth < 8:
-            from graphmem.analysis.memory import estimate_memory
-
-            # requested bytes: the body's buffers live inside the step's allocator
-            body.peak = estimate_memory(body.index, self.batch_size, top=0,
-                                        library=self.library, allocator=False,
-                                        _loop_depth=self.depth + 1).peak_bytes
+        if body is not None and with_peak and body.peak == 0 and self.depth < 8 \
+                and self.body_peak is not None:
+            body.peak = self.body_peak(body.index, self.batch_size, self.library,
+                                       self.depth + 1)
         return body
 
     def _build(self, name: str) -> _Body | None:
@@ -554,7 +563,7 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
             if b and body.index.ops[elem[0]] == "_Arg" and _invariant_arg(body, elem[0]):
                 b = 0  # a loop invariant: every element is the same buffer
             if b is None:
-                b = _list_element_bytes(index, ins[k], values)
+                b = list_element_bytes(index, ins[k], values)
             if b is None:
                 continue
             if kind == "TensorListSetItem" and not _grows(index, ins[k]):
@@ -595,7 +604,7 @@ def _element_bytes(ix: GraphIndex, t: Tensor, batch_size: int | None) -> int | N
     return sizes[t[1]] if t[1] < len(sizes) else None
 
 
-def _list_element_bytes(index: GraphIndex, lst: Tensor, values: StaticValues) -> int | None:
+def list_element_bytes(index: GraphIndex, lst: Tensor, values: StaticValues) -> int | None:
     """Element bytes from the list's constructor (EmptyTensorList / TensorListReserve)."""
     i = _source(index, lst[0])
     if index.ops[i] not in ("EmptyTensorList", "TensorListReserve") or not index.data_inputs[i]:

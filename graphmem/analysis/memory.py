@@ -33,6 +33,7 @@ from graphmem.analysis.schedule import executor_orders
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
+from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import VARIABLE_OPS, GraphIndex, Tensor
 
 ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopGradient",
@@ -99,6 +100,14 @@ class MemoryEstimate:
     phase: str = "steady"
 
 
+def loop_body_peak(body: GraphIndex, batch_size: int | None, library: Message,
+                   depth: int) -> int:
+    """Peak of one iteration of a v2 loop body, for the loop facts (loops.analyze_loops).
+    Requested bytes: the body's buffers live inside the step's allocator."""
+    return estimate_memory(body, batch_size, top=0, library=library, allocator=False,
+                           _loop_depth=depth).peak_bytes
+
+
 def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     keep_timeline: bool = False, top: int = 10,
                     order: list[int] | None = None,
@@ -121,7 +130,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     bfc.py), not the bytes asked for. Ops in `bypassed` are ones Grappler removes (they
     take no turn in the executor's order, see schedule.py)."""
     host = normalize_device(host_device) if host_device else None
-    loops = analyze_loops(index, batch_size, library, _loop_depth)
+    loops = analyze_loops(index, batch_size, library, _loop_depth, loop_body_peak)
     variables = persistent_buffers(index)
     run_in = _Simulation(index, batch_size, host, keep_timeline, top, loops,
                          scratch_model(index, batch_size, onednn), allocator,
@@ -217,6 +226,57 @@ class _Run:
     lifetimes: list[tuple[Tensor, int, int, int]] = field(default_factory=list)
 
 
+@dataclass
+class _Buffers:
+    """The buffers of the step as the walk knows them. Several tensors may share one
+    buffer (aliases, forwarded inputs, a pop handing back what was pushed); a buffer is
+    freed when no read of it is pending."""
+
+    buffer_of: dict[Tensor, Tensor] = field(default_factory=dict)  # tensor -> its buffer
+    size: dict[Tensor, int] = field(default_factory=dict)  # live buffer -> bytes
+    pending: dict[Tensor, int] = field(default_factory=dict)  # reads still to come, per buffer
+    born: dict[Tensor, int] = field(default_factory=dict)  # buffer -> position allocated
+    track_lives: bool = False  # `born` is kept (the live set at the peak is wanted)
+
+
+@dataclass
+class _Usage:
+    """Where allocations are counted: the requests replayed through the allocator model
+    (`events`, bfc.py), or their sums per device; the host's peak apart."""
+
+    run: _Run
+    host: str | None
+    events: list[tuple] | None
+    live_dev: dict[str, int] = field(default_factory=dict)
+
+    def add(self, dev: str, b: int) -> int:
+        """Count b bytes on `dev`; returns what it adds to the device being estimated."""
+        self.live_dev[dev] = self.live_dev.get(dev, 0) + b
+        if dev == self.host:
+            self.run.host_peak = max(self.run.host_peak, self.live_dev[dev])
+            return 0
+        return b
+
+
+@dataclass
+class _Stacks:
+    """v1 loop accumulators (and lowered v2 tensor lists): what each push holds until
+    its pop, and the buffers released at a later position (a gradient loop's end)."""
+
+    held: dict[Tensor, Tensor] = field(default_factory=dict)  # pushed tensor -> its buffer
+    held_buffers: set[Tensor] = field(default_factory=set)
+    releases: dict[int, list[Tensor]] = field(default_factory=dict)  # position -> buffers
+
+
+@dataclass
+class _VariableReads:
+    """Reads of resource variables, for copy-on-write: an update while a read is still
+    to be consumed gives the variable a new buffer and keeps the old one."""
+
+    reads_of: dict[Tensor, list[Tensor]] = field(default_factory=dict)  # handle -> reads
+    held_by: dict[Tensor, list[Tensor]] = field(default_factory=dict)  # read -> old buffers
+
+
 _NOTHING_TAKEN: frozenset = frozenset()
 
 
@@ -266,9 +326,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     body_peak = loops.body_peak if loops else {}
     frame_end = _frame_ends(order, index.frame)
     release_at = loops.release_positions(frame_end) if loops else {}
-    releases: dict[int, list[Tensor]] = {}  # position -> buffers read for the last time
-    held: dict[Tensor, Tensor] = {}  # pushed tensor -> the buffer its push holds
-    held_buffers: set[Tensor] = set()
+    stacks = _Stacks()
+    releases = stacks.releases  # position -> buffers read for the last time
+    held = stacks.held
     end = len(order)
     member = bytearray(len(index))
     for i in order:
@@ -276,19 +336,19 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     partial_inputs, read_outside = _outside_edges(index, member)
     normal = {d: normalize_device(d) for d in set(index.devices)}
     device_of = list(map(normal.__getitem__, index.devices))
-    born: dict[Tensor, int] = {}
-    pending: dict[Tensor, int] = {}  # reads still to come, per buffer
-    size: dict[Tensor, int] = {}
-    buffer_of: dict[Tensor, Tensor] = {}
+    bufs = _Buffers(track_lives=track_lives)
+    # the walk's own names for the structures' parts (the loop below is the hot path)
+    born, pending, size, buffer_of = bufs.born, bufs.pending, bufs.size, bufs.buffer_of
+    usage = _Usage(run, host, events)
+    live_dev = usage.live_dev
     live = 0
-    live_dev: dict[str, int] = {}
     ops, data_inputs, consumers, frame = index.ops, index.data_inputs, index.consumers, \
         index.frame
     num_outputs, data_consumers = index.num_outputs, index.data_consumers
     sizes_of = index.output_bytes(batch_size)
     sizes = index.output_sizes(batch_size)  # the same lists, without a call per op
-    reads_of: dict[Tensor, list[Tensor]] = {}  # variable handle -> reads since its last copy
-    held_by: dict[Tensor, list[Tensor]] = {}  # read -> old variable buffers it keeps
+    variable_reads = _VariableReads()
+    reads_of, held_by = variable_reads.reads_of, variable_reads.held_by
     # per op type, asked once per op rather than once per output (see _OpKind)
     kinds: dict[str, _OpKind] = {}
     ref_outputs = _ref_outputs(index)
@@ -310,18 +370,13 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             for j, h in enumerate(inputs):
                 if h not in reads_of:
                     continue
-                b = _copy_on_write(i, j, h, inputs, reads_of, held_by, pending, size,
-                                   buffer_of, sizes_of)
+                b = _copy_on_write(i, j, h, inputs, variable_reads, bufs, sizes_of)
                 if b:
                     if events is not None:
                         events.append(((i, _COW - j), dev, b, p))
                     if track_lives and dev != host:
                         born[(i, _COW - j)] = p
-                    live_dev[dev] = live_dev.get(dev, 0) + b
-                    if dev == host:
-                        run.host_peak = max(run.host_peak, live_dev[dev])
-                    else:
-                        live += b
+                    live += usage.add(dev, b)
         taken = _NOTHING_TAKEN  # input buffers this op's outputs took over (a set once any)
         out_sizes = refs = None
         persistent_out = kind.persistent or (op == "Identity" and _reads_variable(index, i))
@@ -418,10 +473,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     # the accumulator keeps the element
                     ref = (sizes_of(i)[k] or 0) if element_view(op, k) else 0
                     live += _hold_stack(push, (i, k), ref, push_steps[push],
-                                        max(release_at.get(push, end), p), held, held_buffers,
-                                        releases, buffer_of, pending, size, run,
-                                        born if track_lives else None, p, device_of[push],
-                                        host, live_dev, events)
+                                        max(release_at.get(push, end), p), p, device_of[push],
+                                        stacks, bufs, usage)
         extra = body_peak.get(i, 0) if body_peak else 0  # a While's body, one iteration
         if scratch is not None and kind.scratch:
             extra += scratch(i)  # the kernel's own buffers while it runs
@@ -489,13 +542,15 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     return run
 
 
-def _copy_on_write(i, j, handle, inputs, reads_of, held_by, pending, size, buffer_of,
-                   sizes_of) -> int:
+def _copy_on_write(i: int, j: int, handle: Tensor, inputs: list[Tensor],
+                   variable_reads: _VariableReads, bufs: _Buffers, sizes_of) -> int:
     """Update op i writes the variable at its input j (`handle`). If reads of it taken
     since its last copy are still to be consumed by other ops, the variable gets a new
     buffer and the old one (the reads' buffer) is registered as a buffer of its own, freed
     with the last of those reads. Returns its bytes (0: written in place)."""
-    reads = reads_of.pop(handle)
+    buffer_of, pending, size = bufs.buffer_of, bufs.pending, bufs.size
+    held_by = variable_reads.held_by
+    reads = variable_reads.reads_of.pop(handle)
     alive = []
     for r in reads:
         buf = buffer_of.get(r)
@@ -518,8 +573,8 @@ def _copy_on_write(i, j, handle, inputs, reads_of, held_by, pending, size, buffe
     return b
 
 
-def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, releases,
-                buffer_of, pending, size, run, born, p, dev, host, live_dev, events) -> int:
+def _hold_stack(push: int, element: Tensor, ref_bytes: int, steps: int, release: int, p: int,
+                dev: str, stacks: _Stacks, bufs: _Buffers, usage: _Usage) -> int:
     """A value a v1 loop will push (StackPushV2, TensorListPushBack), just computed: it
     stays alive until its pop, and the accumulator's earlier `steps - 1` elements of the same size (each its own allocation,
     rounded up as TF's BFC allocator does) are allocated now and freed after position
@@ -527,11 +582,12 @@ def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, re
     counted once. `ref_bytes`: the size of an element the simulation counts nowhere (a
     reference into a tensor list), all `steps` of which the accumulator then holds.
     Returns the bytes added to the device being estimated."""
+    buffer_of, pending, size = bufs.buffer_of, bufs.pending, bufs.size
     buf = buffer_of.get(element)
-    if buf is None or buf not in size or buf in held_buffers:
+    if buf is None or buf not in size or buf in stacks.held_buffers:
         return 0
-    held[element] = buf
-    held_buffers.add(buf)
+    stacks.held[element] = buf
+    stacks.held_buffers.add(buf)
     pending[buf] = pending.get(buf, 0) + 1  # read again by the pop
     if size[buf]:
         b = allocation_bytes(size[buf]) * max(steps - 1, 0)
@@ -543,15 +599,13 @@ def _hold_stack(push, element, ref_bytes, steps, release, held, held_buffers, re
     size[acc] = b
     buffer_of[acc] = acc
     pending[acc] = 1  # read once more, by the end of the gradient loop
-    releases.setdefault(release, []).append(acc)
-    if events is not None:
-        events.append((acc, dev, b, p))
-    live_dev[dev] = live_dev.get(dev, 0) + b
-    if dev == host:
-        run.host_peak = max(run.host_peak, live_dev[dev])
+    stacks.releases.setdefault(release, []).append(acc)
+    if usage.events is not None:
+        usage.events.append((acc, dev, b, p))
+    if not usage.add(dev, b):
         return 0
-    if born is not None:
-        born[acc] = p
+    if bufs.track_lives:
+        bufs.born[acc] = p
     return b
 
 
@@ -653,14 +707,3 @@ def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Ten
 def _reads_variable(index: GraphIndex, i: int) -> bool:
     ins = index.data_inputs[i]
     return bool(ins) and index.ops[ins[0][0]] in VARIABLE_OPS
-
-
-def normalize_device(device: str) -> str:
-    """'/job:localhost/replica:0/task:0/device:CPU:0', '/cpu:0' -> '/device:CPU:0'."""
-    if not device:
-        return ""
-    tail = device.rsplit("/", 1)[-1]
-    if tail.lower().startswith("device:"):
-        tail = tail[len("device:"):]
-    kind, _, number = tail.partition(":")
-    return f"/device:{kind.upper()}:{number or '0'}"

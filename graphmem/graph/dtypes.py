@@ -12,6 +12,11 @@ _NAMES = {
     8: "complex64", 9: "int64", 10: "bool", 14: "bfloat16", 17: "uint16", 18: "complex128",
     19: "float16", 20: "resource", 21: "variant", 22: "uint32", 23: "uint64",
 }
+FLOAT = 1
+INT32 = 3
+STRING = 7
+INT64 = 9
+BOOL = 10
 RESOURCE = 20
 HALF = 19  # float16
 FLOATS = frozenset({1, 2, 14, 19})  # float32, float64, bfloat16, float16
@@ -29,7 +34,7 @@ def is_ref(dtype: int) -> bool:
 def itemsize(dtype: int) -> int | None:
     """Bytes per element; None when the size is not a property of the dtype (strings)."""
     size = _SIZES.get(base(dtype))
-    if size == 0 and base(dtype) == 7:
+    if size == 0 and base(dtype) == STRING:
         return None
     return size
 

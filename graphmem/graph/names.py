@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# the scope of the recompute pass's copies: a copy of `a/b` is `graphmem_recompute/<k>/a/b`
+# (named here so the workspace maps copies to their originals without importing a pass)
+COPY_SCOPE = "graphmem_recompute"
+
 
 def parse_input(text: str) -> tuple[str, int, bool]:
     """Return (node name, output index, is_control) for one NodeDef input string."""
@@ -27,3 +31,10 @@ def parse_tensor(text: str) -> tuple[str, int]:
     if control:
         raise ValueError(f"{text!r} names a control input, not a tensor")
     return name, idx
+
+
+def original_name(name: str) -> str:
+    """The op a recompute copy was made from (the name itself for any other op)."""
+    if name.startswith(COPY_SCOPE + "/"):
+        return name.split("/", 2)[2]
+    return name

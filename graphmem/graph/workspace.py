@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 from graphmem.formats.model import LoadedModel
 from graphmem.graph.function_view import FunctionView
 from graphmem.graph.index import GraphIndex
+from graphmem.graph.names import original_name
 from graphmem.graph.opdefs import OpRegistry
 
 
@@ -78,8 +79,6 @@ class Workspace:
         self.index = GraphIndex.build(self.graph_def, self.registry,
                                       self.index if appended else None)
         if self.shape_overrides:
-            from graphmem.passes.recompute import original_name
-
             by_copy = {n: self.shape_overrides.get(original_name(n))
                        for n in self.index.names}
             self.index.set_shapes({k: v for k, v in by_copy.items() if v is not None}, {},

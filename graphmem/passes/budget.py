@@ -22,11 +22,16 @@ from __future__ import annotations
 import contextlib
 import math
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
 from graphmem.graph.index import GraphIndex, Tensor, nbytes
+
+if TYPE_CHECKING:
+    from graphmem.analysis.memory import MemoryEstimate
+    from graphmem.passes.checkpoints import CheckpointChoice
 
 MAX_UNITS = 400
 # Up to this many units the MILP solves in well under a second; beyond it HiGHS often runs
@@ -538,3 +543,242 @@ def parse_budget(text: str, original_peak: int) -> int:
         return int(value)
     raise UsageError(f"--budget {text!r}: give a size (2GiB, 500MB) or a fraction of the "
                      "original peak in (0, 1]")
+
+
+# ---- the search: the model's plans applied and estimated -------------------------------
+# A budget plan the estimate finds this far (a share of the budget) below what the model
+# said is worth planning again with the model's error taken into account: a cheaper plan
+# may fit.
+MODEL_SLACK = 0.02
+# Plans tried between a budget plan that fits and one that does not (each one more apply
+# and estimate), and the model solves that may take to find them
+BISECT_STEPS = 3
+BISECT_PROBES = 8
+# The memory policy writes the plan with the lowest estimated peak of those it tries; a plan
+# within this share of that peak is as good (the estimate's own error is larger), and the one
+# of them with the least recompute is written: never a plan another one beats on both.
+MEMORY_TOLERANCE = 0.03
+# Budget-model plans the memory policy tries above the model's lowest peak (as shares of
+# it): cheaper plans that may peak about as low once applied and estimated.
+MEMORY_PROBES = (1.1, 1.25)
+
+
+@dataclass
+class BudgetCandidate:
+    """One candidate plan of the budget policy, applied and estimated."""
+
+    policy: str  # "budget" (the model's), "memory", "speed" or "memory_top"
+    choice: CheckpointChoice
+    applied: object  # what the runner's `apply` returned for it
+    after: MemoryEstimate
+    extra_flops: int  # FLOPs of the ops it copies
+    solution: BudgetSolution | None = None  # the budget model's, for its own plans
+
+
+class PlanRunner(Protocol):
+    """The rewrite as the search sees it: a black box that applies a checkpoint choice
+    (every pass of the pipeline), measures the result, and undoes it."""
+
+    def apply(self, choice: CheckpointChoice) -> object:
+        """Rewrite the workspace for `choice`; returns what `measure` reads."""
+
+    def measure(self, applied: object) -> tuple[MemoryEstimate, int]:
+        """(estimate, FLOPs of the copies) of the graph as `apply` left it."""
+
+    def restore(self) -> None:
+        """Put the original graph back."""
+
+
+def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, budget: int,
+                  base_peak: int, runner: PlanRunner, search_model: bool = True
+                  ) -> tuple[BudgetCandidate, BudgetSolution | None]:
+    """The plan with the least recompute whose *estimated* peak fits the budget, or the
+    lowest one. The budget model is a chain and errs both ways: each of its plans is
+    applied and estimated, and the error learned corrects the next attempt's budget (up
+    when the model was pessimistic, down when optimistic). Plans of the memory and speed
+    policies are candidates too, and the memory policy's with its top segment kept
+    (`keep_top_segment`); when no plan fits, so is the model's lowest. Last, the model's
+    budget is bisected between the plans that fit and those that do not. Leaves the chosen
+    plan applied (`BudgetCandidate.applied`). `search_model`: the memory policy's candidates
+    include the model's lowest plans (see memory_candidates)."""
+    from graphmem.passes.checkpoints import candidate_tensors, choose_checkpoints
+
+    runs: list[BudgetCandidate] = []
+    tried: dict[tuple[bool, ...], bool] = {}  # plan (units recomputed) -> fits the budget
+    probes: list[tuple[int, bool]] = []  # (budget the model planned for, its plan fits)
+
+    def candidate(policy: str, choice: CheckpointChoice,
+                  sol: BudgetSolution | None = None) -> BudgetCandidate:
+        applied = runner.apply(choice)
+        after, flops = runner.measure(applied)
+        run = BudgetCandidate(policy, choice, applied, after, flops, sol)
+        runs.append(run)
+        runner.restore()
+        return run
+
+    def attempt(model_budget: int) -> BudgetSolution | None:
+        """Plan for `model_budget` with the model, apply and estimate the plan (once per
+        distinct plan); returns the model's solution."""
+        choice, sol = choose_budget_checkpoints(
+            index, regions, facts, candidate_tensors(index, regions, facts),
+            batch_size, model_budget, base_peak)
+        key = tuple(sol.recompute) if sol is not None else None
+        if key in tried:
+            probes.append((model_budget, tried[key]))
+            return sol  # a plan already estimated
+        run = candidate("budget", choice, sol)
+        if key is not None:
+            tried[key] = run.after.peak_bytes <= budget
+            probes.append((model_budget, tried[key]))
+        return sol
+
+    correction = 0
+    for _attempt in range(4):
+        known = len(runs)
+        solution = attempt(budget - correction)
+        if solution is None or len(runs) == known:
+            break  # no spine to plan on, or corrected to a plan already estimated
+        after = runs[-1].after
+        error = after.peak_bytes - solution.model_peak
+        fits = after.peak_bytes <= budget
+        if fits and error >= -MODEL_SLACK * budget:
+            break  # the model was right here: a cheaper plan would not fit
+        if not fits and not solution.feasible:
+            break  # the model's lowest plan is over already
+        correction = error
+    if solution is not None and not any(fits for _, fits in probes):
+        # the corrections can stop short of the model's lowest plan, which is what
+        # `graphmem plan` offers as the bottom of its curve (planned for a budget of its
+        # peak: below it the model returns another plan of that peak): a candidate too
+        attempt(solution.min_peak)
+    new_plans = len(runs) + BISECT_STEPS
+    for _probe in range(BISECT_PROBES):
+        # one correction can overshoot: the model's error differs from plan to plan. Between
+        # the largest model budget whose plan fits and the smallest above it whose plan
+        # does not, a cheaper plan that fits may lie (a probe may land on a plan already
+        # estimated: it narrows the interval all the same)
+        fit = [b for b, fits in probes if fits]
+        over = [b for b, fits in probes if not fits and fit and b > max(fit)]
+        if not over or min(over) - max(fit) <= MODEL_SLACK * budget or \
+                len(runs) >= new_plans:
+            break
+        attempt((max(fit) + min(over)) // 2)
+    # the memory policy's candidates (its heuristic's plans, and the model's lowest ones,
+    # when it searches) and the speed policy's
+    runs.extend(memory_candidates(index, regions, facts, batch_size, base_peak, runner,
+                                  search_model))
+    candidate("speed", choose_checkpoints("speed", index, regions, facts, batch_size))
+    fitting = [r for r in runs if r.after.peak_bytes <= budget]
+    best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
+        min(runs, key=lambda r: r.after.peak_bytes)
+    best.applied = runner.apply(best.choice)
+    model_runs = [r for r in runs if r.solution is not None]
+    solution = best.solution or (model_runs[-1].solution if model_runs else None)
+    if solution is not None:
+        model_run = next((r for r in model_runs if r.after.peak_bytes <= budget),
+                         model_runs[-1] if model_runs else best)
+        best.choice.policy = "budget"
+        best.choice.note = _budget_note(solution, budget, best.after.peak_bytes, best.policy,
+                                        model_run, best)
+        solution.chosen, solution.extra_flops = best.policy, best.extra_flops
+    return best, solution
+
+
+def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
+                  base_peak: int | None, runner: PlanRunner) -> BudgetCandidate:
+    """The memory policy: the plan with the lowest estimated peak among memory_candidates;
+    among the plans within MEMORY_TOLERANCE of it, the one with the least recompute (so no
+    plan tried beats it on both). Leaves it applied."""
+    from graphmem.units import format_bytes
+
+    runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner, True)
+    lowest = min(r.after.peak_bytes for r in runs)
+    best = min((r for r in runs if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
+               key=lambda r: (r.extra_flops, r.after.peak_bytes))
+    best.applied = runner.apply(best.choice)
+    how = {"memory": "the bottleneck heuristic's plan",
+           "memory_top": "the bottleneck heuristic's plan with its top segment kept",
+           "budget": "the budget model's plan"}[best.policy]
+    note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
+            f"of {len(runs)} plans tried, with the least recompute within "
+            f"{MEMORY_TOLERANCE:.0%} of it")
+    best.choice = replace(best.choice, policy="memory", note=note)
+    return best
+
+
+def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
+                      base_peak: int | None, runner: PlanRunner,
+                      search_model: bool) -> list[BudgetCandidate]:
+    """The memory policy's candidate plans, each applied, estimated and undone: the
+    bottleneck heuristic's (about sqrt(N) bottlenecks spaced by bytes, and the same with its
+    top segment kept) and, with `search_model`, the budget model's lowest plans (every unit
+    recomputed with the best cuts kept, and the cheapest plans modelled MEMORY_PROBES above
+    that), with and without the units' weight-gradient transients in the model. All are
+    estimated: the heuristic spaces cuts by bytes alone and keeps adjacent tensors; the
+    model is a chain and errs both ways. `base_peak`: the model's base (the peak with early
+    updates alone), None for the heuristic's estimate."""
+    from graphmem.passes.checkpoints import (
+        candidate_tensors,
+        choose_checkpoints,
+        keep_top_segment,
+    )
+
+    runs: list[BudgetCandidate] = []
+    candidates = candidate_tensors(index, regions, facts)
+
+    def run(policy: str, choice: CheckpointChoice, solution=None) -> None:
+        applied = runner.apply(choice)
+        after, flops = runner.measure(applied)
+        runs.append(BudgetCandidate(policy, choice, applied, after, flops, solution))
+        runner.restore()
+
+    heuristic = choose_checkpoints("memory", index, regions, facts, batch_size)
+    run("memory", heuristic)
+    top = replace(heuristic, tensors=keep_top_segment(index, regions, heuristic.tensors,
+                                                      candidates))
+    if top.tensors != heuristic.tensors:
+        run("memory_top", top)
+    if not search_model:
+        return runs
+    if base_peak is None:
+        base_peak = runs[0].after.peak_bytes
+    seen: set[tuple[bool, ...]] = set()
+    for transients in (True, False):  # with each unit's weight-gradient transient or not
+        choice, solution = choose_budget_checkpoints(index, regions, facts, candidates,
+                                                     batch_size, 0, base_peak,
+                                                     transients=transients)
+        if solution is None:
+            return runs
+        floor = solution.min_peak
+        for share in (1.0, *MEMORY_PROBES):
+            choice, solution = choose_budget_checkpoints(
+                index, regions, facts, candidates, batch_size, int(floor * share), base_peak,
+                transients=transients)
+            key = tuple(solution.recompute) + tuple(solution.keep_cut)
+            if key not in seen and choice.tensors:
+                seen.add(key)
+                run("budget", choice, solution)
+    return runs
+
+
+def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: str,
+                 model_run: BudgetCandidate, best: BudgetCandidate) -> str:
+    from graphmem.units import format_bytes
+
+    total = solution.total_flops or 1
+    solution.feasible = estimated <= budget  # the estimate decides, not the model
+    plan = {"memory_top": "the memory policy's plan with its top segment kept"}.get(
+        policy, f"the {policy} policy's plan")
+    if estimated > budget:
+        return (f"the budget of {format_bytes(budget)} cannot be met: the lowest plan found "
+                f"({solution.method if policy == 'budget' else plan}) "
+                f"reaches {format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
+    if policy != "budget":
+        model = ("did not fit" if model_run.after.peak_bytes > budget else
+                 f"+{model_run.extra_flops / total:.0%} forward FLOPs")
+        return (f"{plan} (+{best.extra_flops / total:.0%} forward FLOPs) "
+                f"fits the budget of {format_bytes(budget)} with the least recompute (the "
+                f"budget model's plan: {model})")
+    return (f"{solution.method}: {sum(solution.recompute)} of {len(solution.recompute)} "
+            f"units recomputed (+{best.extra_flops / total:.0%} forward FLOPs) for a budget of "
+            f"{format_bytes(budget)}")

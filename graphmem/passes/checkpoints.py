@@ -18,17 +18,13 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
+from graphmem.analysis.op_classes import EXPENSIVE_OPS
 from graphmem.analysis.regions import Regions
 from graphmem.analysis.spine import analyze_spine
 from graphmem.errors import InputError, UsageError
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
 POLICIES = ("memory", "speed", "collection", "names", "budget", "none")
-EXPENSIVE_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3",
-                           "Conv2D", "Conv3D", "Conv1D", "DepthwiseConv2dNative",
-                           "Conv2DBackpropInput", "Conv3DBackpropInputV2", "_FusedMatMul",
-                           "_FusedConv2D", "_FusedBatchMatMul", "Einsum", "SparseMatMul",
-                           "_MklMatMul", "_MklConv2D"})
 
 
 @dataclass

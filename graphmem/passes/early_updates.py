@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, closing_cycles
 from graphmem.graph.reachability import Reachability
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 
 @dataclass
-class EarlyUpdatesPlan:
+class EarlyUpdatesPlan(PassPlan):
     updates: int = 0  # updates that got edges
     edges: int = 0
     covered: int = 0  # writes moved by a later update's edges (Keras Adam slots)
@@ -51,6 +52,16 @@ class EarlyUpdatesPlan:
     late_terms: int = 0  # weight-decay terms made to wait for their gradient (late_terms.py)
     late_term_bytes: int = 0
     loop_sums_held: int = 0  # v1 gradient-loop terms made to wait for their sum (loop_sums.py)
+    # (the last three and split_identityn are the schedule passes' results, which the
+    # report presents with this plan: the driver fills them in)
+
+    @property
+    def changed(self) -> bool:
+        return self.updates > 0 or self.release_edges > 0 or self.held_back > 0
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        return dict(self.skipped)
 
 
 @dataclass
@@ -377,3 +388,20 @@ def _accesses_of(index: GraphIndex, variable: int, a: int) -> list[int]:
 
 def _skip(plan: EarlyUpdatesPlan, why: str) -> None:
     plan.skipped[why] = plan.skipped.get(why, 0) + 1
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class EarlyUpdatesPass(Pass):
+    """Each optimizer update runs as soon as its gradient is ready."""
+
+    name, edits = "early updates", Edits.CONTROL_EDGES
+
+    def enabled(self, options) -> bool:
+        return options.early_updates
+
+    def run(self, context: PassContext) -> EarlyUpdatesPlan:
+        index = context.index
+        kept = [index.id_of[name.rsplit(":", 1)[0]] for name in context.checkpoints
+                if name.rsplit(":", 1)[0] in index.id_of]
+        return apply_early_updates(index, context.regions, kept,
+                                   context.options.backward_scopes)

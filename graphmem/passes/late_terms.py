@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from graphmem.analysis.regions import Regions, is_parameter_read
 from graphmem.graph.index import SUM_OPS, GraphIndex, closing_cycles
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 MIN_BYTES = 4096  # smaller terms are not worth an edge
 MAX_CHAIN = 8  # ops in a deferred chain: decay terms are one to three element-wise ops
@@ -31,9 +32,13 @@ CHEAP_FRACTION = 16  # an outside input up to term / 16 bytes may be held longer
 
 
 @dataclass
-class LateTermsPlan:
+class LateTermsPlan(PassPlan):
     terms: int = 0  # terms made to wait for the term they join
     bytes: int = 0  # their sizes, summed: what no longer waits through the backward pass
+
+    @property
+    def changed(self) -> bool:
+        return self.terms > 0
 
 
 def apply_late_terms(index: GraphIndex, regions: Regions,
@@ -117,3 +122,16 @@ def _cheap(index: GraphIndex, sizes, p: int, k: int, term: int) -> bool:
         return True
     b = sizes(p)[k] if k < len(sizes(p)) else None
     return b is not None and b * CHEAP_FRACTION <= term
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class LateTermsPass(Pass):
+    """Weight-decay terms wait for the gradient they join (before early updates)."""
+
+    name, edits = "late terms", Edits.CONTROL_EDGES
+
+    def enabled(self, options) -> bool:
+        return options.early_updates
+
+    def run(self, context: PassContext) -> LateTermsPlan:
+        return apply_late_terms(context.index, context.regions, context.options.batch_size)

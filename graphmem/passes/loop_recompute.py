@@ -34,12 +34,15 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from graphmem.analysis.body_recompute import BodyRecompute, plan_body_recompute
-from graphmem.analysis.loops import StaticValues, _list_element_bytes, allocation_bytes
+from graphmem.analysis.loops import StaticValues, allocation_bytes, list_element_bytes
+from graphmem.analysis.op_classes import EXPENSIVE_OPS
+from graphmem.graph import dtypes
+from graphmem.graph.builders import add_scalar_const, unique_name
 from graphmem.graph.dtypes import FLOATS
 from graphmem.graph.function_view import ARG_OP, RETVAL_OP, FunctionView, functions_named
 from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor
 from graphmem.graph.names import input_string, parse_input
-from graphmem.passes.checkpoints import EXPENSIVE_OPS
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SCOPE = "graphmem_loop_recompute"
 _ACCUMULATE = "TensorListPushBack"
@@ -62,7 +65,7 @@ class LoopRecomputeFact:
 
 
 @dataclass
-class LoopRecomputePlan:
+class LoopRecomputePlan(PassPlan):
     policy: str = "memory"
     loops: list[LoopRecomputeFact] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # loop -> why left whole
@@ -71,6 +74,10 @@ class LoopRecomputePlan:
     @property
     def changed(self) -> bool:
         return bool(self.loops)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        return dict(Counter(self.skipped.values()))
 
 
 def apply_loop_recompute(index: GraphIndex, library: Message, policy: str = "memory",
@@ -191,7 +198,7 @@ def _one_loop(index, w, functions, refs, keep_ops, batch_size, plan, backup) -> 
             continue
         dtype = fix.node(push[0]).attr["element_dtype"].type
         lists.append(_List(j, k, push[0], pops[0], ins[1], dtype, src,
-                           _list_element_bytes(index, index.data_inputs[w][j], statics)))
+                           list_element_bytes(index, index.data_inputs[w][j], statics)))
     if not lists:
         return "no list is pushed in its body and popped in its gradient"
     values = [lst.value for lst in lists]
@@ -331,7 +338,7 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
         else:
             if lst.dtype not in dummies:
                 dummies[lst.dtype] = _unique(fgraph, fix, f"{SCOPE}/dummy_{lst.dtype}")
-                _scalar_const(fgraph, dummies[lst.dtype], lst.dtype, None)
+                add_scalar_const(fgraph, dummies[lst.dtype], lst.dtype)
             new = dummies[lst.dtype]
         fgraph.node[lst.push].input[1] = new
     # outer graph: the list's element shape becomes unknown (its own Const)
@@ -340,7 +347,7 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
         etl = index.node(src)
         shape_type = etl.attr["shape_type"].type if "shape_type" in etl.attr else 3
         name = _unique(index.graph_def, index, f"{index.names[src]}/{SCOPE}_any_shape")
-        const = _scalar_const(index.graph_def, name, shape_type, -1)
+        const = add_scalar_const(index.graph_def, name, shape_type, -1)
         if etl.device:
             const.device = etl.device
         etl.input[0] = name
@@ -399,7 +406,7 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
                     rnode.input[p] = target
         if any_shape is None:
             any_shape = _unique(ggraph, gix, f"{SCOPE}/any_shape")
-            _scalar_const(ggraph, any_shape, 3, -1)
+            add_scalar_const(ggraph, any_shape, dtypes.INT32, -1)
         pop = ggraph.node[lst.pop]
         if len(pop.input) > 1:
             pop.input[1] = any_shape
@@ -471,26 +478,23 @@ def _gradient_args(gix: GraphIndex, readers: list[int]) -> list[int]:
 
 
 def _unique(graph: Message, ix: GraphIndex, name: str) -> str:
-    taken = ix.id_of
+    """A name free in `graph`: neither indexed in `ix` nor among the nodes added since."""
     existing = {n.name for n in graph.node[len(ix):]}
-    base, n = name, 0
-    while name in taken or name in existing:
-        n += 1
-        name = f"{base}_{n}"
-    return name
+    return unique_name(name, lambda n: n in ix.id_of or n in existing)
 
 
-def _scalar_const(graph: Message, name: str, dtype: int, value: int | None) -> Message:
-    """A scalar Const: `value` (an int, for shapes) or zero of `dtype`."""
-    node = graph.node.add(name=name, op="Const")
-    node.attr["dtype"].type = dtype
-    t = node.attr["value"].tensor
-    t.dtype = dtype
-    t.tensor_shape.SetInParent()
-    if value is not None:
-        if dtype == 9:
-            t.int64_val.append(value)
-        else:
-            t.int_val.append(value)
-    node.attr["_output_shapes"].list.shape.add()
-    return node
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class LoopRecomputePass(Pass):
+    """Fewer tensor-list accumulators in v2 loops: values rebuilt in the gradient body."""
+
+    name, edits = "loop bodies", Edits.NODES  # and the loop functions of the library
+
+    def enabled(self, options) -> bool:
+        return options.loop_body_policy() is not None
+
+    def run(self, context: PassContext) -> LoopRecomputePlan:
+        ws = context.ws
+        return apply_loop_recompute(context.index, ws.model.graph_def.library,
+                                    context.options.loop_body_policy(),
+                                    context.options.batch_size, ws.model.function_name,
+                                    ws.function_backup)

@@ -9,8 +9,8 @@ rest in the gradient frame:
 
 - kept: loop-carried values (the frame's Merge / Switch outputs and their Identity),
   outputs of stateful ops (TensorArray reads of the input, variable reads, random ops),
-  values of variables read through ref Enters, values the pass cannot copy, and with
-  `keep_matmuls` (policy speed) matmul and convolution outputs;
+  values of variables read through ref Enters, values the pass cannot copy, and
+  with the speed policy, matmul and convolution outputs;
 - recomputed: every other pushed value larger than one allocation unit whose producers,
   walked back within the iteration, end in kept values, loop invariants (`Enter` with
   is_constant) and constants.
@@ -36,15 +36,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.loops import allocation_bytes
+from graphmem.analysis.loops import allocation_bytes, analyze_loops
+from graphmem.analysis.op_classes import EXPENSIVE_OPS
 from graphmem.analysis.v1_loop_frames import Stack, V1Loop, find_v1_loops
 from graphmem.graph import dtypes
+from graphmem.graph.builders import add_scalar_const, unique_name
 from graphmem.graph.index import CONTROL_FLOW_V1, CONTROL_FLOW_V2, GraphIndex, Tensor
 from graphmem.graph.names import input_string
-from graphmem.passes.checkpoints import EXPENSIVE_OPS
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 COPY_DIR = "graphmem_loop_recompute"
-_UNSTACKABLE = frozenset({dtypes.RESOURCE, dtypes.VARIANT, 7})  # handles, variants, strings
+_UNSTACKABLE = frozenset({dtypes.RESOURCE, dtypes.VARIANT, dtypes.STRING})
 _ALLOC_UNIT = 256  # a value this small costs a stack element whatever it holds
 _KEEP, _COPY, _INVARIANT, _CANNOT = "keep", "copy", "invariant", "cannot"
 
@@ -66,7 +68,7 @@ class LoopRewrite:
 
 
 @dataclass
-class LoopRecomputeV1Plan:
+class LoopRecomputeV1Plan(PassPlan):
     loops: list[LoopRewrite] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)  # {frame, why}
 
@@ -76,14 +78,27 @@ class LoopRecomputeV1Plan:
         return sum(lp.freed_bytes_per_iteration * (lp.trip_count or 1)
                    - lp.added_bytes_per_iteration * (lp.trip_count or 1) for lp in self.loops)
 
+    @property
+    def changed(self) -> bool:
+        return bool(self.loops)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        reasons: dict[str, int] = {}
+        for s in self.skipped:
+            reasons[s["why"]] = reasons.get(s["why"], 0) + 1
+        return reasons
+
 
 def apply_loop_recompute_v1(index: GraphIndex, batch_size: int | None,
-                            keep_matmuls: bool = False,
+                            policy: str = "memory",
                             trip_counts: dict[str, int | None] | None = None
                             ) -> LoopRecomputeV1Plan:
-    """Rewrite index.graph_def in place (the index is stale afterwards). `trip_counts`:
-    frame path -> iterations, for the report."""
+    """Rewrite index.graph_def in place (the index is stale afterwards). `policy`: as the
+    v2 loop pass's (speed keeps matmul outputs). `trip_counts`: frame path -> iterations,
+    for the report."""
     plan = LoopRecomputeV1Plan()
+    keep_matmuls = policy == "speed"
     for loop in find_v1_loops(index):
         name = loop.frame.lstrip("/")
         if loop.problem:
@@ -266,9 +281,7 @@ class _Loop:
         taken = set(ix.id_of)
 
         def fresh(name: str) -> str:
-            base, n = name, 1
-            while name in taken:
-                name, n = f"{base}_{n}", n + 1
+            name = unique_name(name, taken.__contains__)
             taken.add(name)
             return name
 
@@ -345,16 +358,9 @@ class _Loop:
 
     def _add_dummy(self, dtype: int, device: str, fresh) -> str:
         ix, loop = self.ix, self.loop
-        node = ix.graph_def.node.add()
-        node.name = fresh(f"{ix.names[loop.pivot]}/{COPY_DIR}_dummy_{dtypes.name(dtype)}")
-        node.op = "Const"
-        node.device = device
-        node.input.append("^" + ix.names[loop.pivot])
-        node.attr["dtype"].type = dtype
-        node.attr["value"].tensor.dtype = dtype  # no values: a zero
-        node.attr["value"].tensor.tensor_shape.SetInParent()
-        node.attr["_output_shapes"].list.shape.add()
-        return node.name
+        name = fresh(f"{ix.names[loop.pivot]}/{COPY_DIR}_dummy_{dtypes.name(dtype)}")
+        return add_scalar_const(ix.graph_def, name, dtype, None, device,  # a zero
+                                [ix.names[loop.pivot]]).name
 
     def _add_stack(self, template: Stack, t: Tensor, prefix: str, fresh) -> str:
         """A new stack for kept value t, cloned from `template` (its counters and syncs):
@@ -421,3 +427,23 @@ def _copy_shape(ix: GraphIndex, t: Tensor, node) -> None:
         shapes.add().CopyFrom(src.attr["_output_shapes"].list.shape[t[1]])
     elif "_output_shapes" in node.attr:
         del node.attr["_output_shapes"]
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class LoopRecomputeV1Pass(Pass):
+    """Recompute inside control-flow-v1 loop frames: fewer stacks."""
+
+    name, edits = "loop bodies v1", Edits.NODES
+
+    def enabled(self, options) -> bool:
+        return options.loop_body_policy() is not None
+
+    def applies(self, context: PassContext) -> bool:
+        return any(context.index.frame)
+
+    def run(self, context: PassContext) -> LoopRecomputeV1Plan:
+        batch_size = context.options.batch_size
+        trips = {"/" + lp.name: lp.trip_count for lp in
+                 analyze_loops(context.index, batch_size).loops if lp.kind == "v1"}
+        return apply_loop_recompute_v1(context.index, batch_size,
+                                       context.options.loop_body_policy(), trips)

@@ -19,8 +19,20 @@ exits). Adds nodes: the driver re-indexes after it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from graphmem.graph.dtypes import FLOATS
 from graphmem.graph.index import SUM_OPS, GraphIndex
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+
+
+@dataclass
+class LoopSumsPlan(PassPlan):
+    held: int = 0  # gradient-loop terms made to wait for the running sum
+
+    @property
+    def changed(self) -> bool:
+        return self.held > 0
 
 
 def hold_loop_sums(index: GraphIndex) -> int:
@@ -71,3 +83,17 @@ def _switch_of(index: GraphIndex, next_iteration: int) -> int | None:
     switches = [c for c in index.data_consumers(merges[0])
                 if index.ops[c] in ("Switch", "RefSwitch")]
     return switches[0] if len(switches) == 1 else None
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class LoopSumsPass(Pass):
+    """In v1 gradient loops, each iteration's weight-gradient term waits for the running
+    sum, so iterations do not run ahead holding their terms (before early updates)."""
+
+    name, edits = "loop sums", Edits.NODES
+
+    def enabled(self, options) -> bool:
+        return options.early_updates
+
+    def run(self, context: PassContext) -> LoopSumsPlan:
+        return LoopSumsPlan(hold_loop_sums(context.index))

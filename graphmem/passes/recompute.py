@@ -26,21 +26,15 @@ from graphmem.analysis.cost import op_flops
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
-from graphmem.graph.names import input_string, parse_input
+from graphmem.graph.names import COPY_SCOPE, input_string, parse_input
+from graphmem.graph.names import original_name as original_name  # named here too
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
-COPY_SCOPE = "graphmem_recompute"
 # how many segments back a segment's copies may reach for ops that are not kept (see
 # _independent_groups): enough for a transformer block's chains, linear on any graph
 REACH_SEGMENTS = 16
 # read only their input's shape and dtype: leave them on the original tensor
 NO_DATA_READERS = SHAPE_ONLY_OPS | {"ZerosLike", "OnesLike"}
-
-
-def original_name(name: str) -> str:
-    """The op a recompute copy was made from (the name itself for any other op)."""
-    if name.startswith(COPY_SCOPE + "/"):
-        return name.split("/", 2)[2]
-    return name
 
 
 @dataclass
@@ -54,7 +48,7 @@ class Segment:
 
 
 @dataclass
-class RecomputePlan:
+class RecomputePlan(PassPlan):
     segments: list[Segment] = field(default_factory=list)
     copied_ops: int = 0
     rewired_inputs: int = 0
@@ -63,6 +57,14 @@ class RecomputePlan:
     update_guards: int = 0  # control edges that keep ref-variable writes after their copies
     cycle_breaks: int = 0  # groups left without triggers: theirs would have closed a cycle
     shape_readers_released: int = 0  # shape-only readers whose control inputs were moved on
+
+    @property
+    def changed(self) -> bool:  # copies made, inputs rewired or shape readers released
+        return bool(self.segments or self.rewired_inputs or self.shape_readers_released)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        return dict(self.kept_blocked)
 
 
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
@@ -465,3 +467,17 @@ def _ref_variable_behind(index: GraphIndex, s: int, k: int) -> int | None:
         s, k = index.data_inputs[s][0]
         seen += 1
     return None
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class RecomputePass(Pass):
+    """Copies of the forward ops between the policy's checkpoints, for the backward pass."""
+
+    name, edits = "recompute", Edits.NODES
+
+    def applies(self, context: PassContext) -> bool:
+        return context.choice.policy != "none"  # the choice's: a budget search tries "none"
+
+    def run(self, context: PassContext) -> RecomputePlan:
+        return apply_recompute(context.index, context.original_regions, context.facts,
+                               context.choice.tensors, context.options.batch_size)

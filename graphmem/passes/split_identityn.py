@@ -18,18 +18,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem import protos
 from graphmem.analysis.regions import Regions
+from graphmem.graph.builders import identity_node
 from graphmem.graph.index import GraphIndex
 from graphmem.graph.names import input_string, parse_input
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SPLIT_SUFFIX = "graphmem_split_"
 
 
 @dataclass
-class SplitPlan:
+class SplitPlan(PassPlan):
     split: list[str] = field(default_factory=list)  # names of the IdentityN ops split
     identities: int = 0  # Identity ops added
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.split)
 
 
 def gradient_barriers(index: GraphIndex, regions: Regions) -> list[int]:
@@ -66,16 +71,10 @@ def split_gradient_identityn(index: GraphIndex, regions: Regions) -> SplitPlan:
         for k in range(index.num_outputs[i]):
             if not index.consumers.get((i, k)) or k >= len(data_inputs):
                 continue
-            ident = protos.NodeDef()
-            ident.name = f"{name}/{SPLIT_SUFFIX}{k}"
-            ident.op = "Identity"
-            ident.device = node.device
-            ident.input.append(data_inputs[k])
-            ident.input.extend(controls)  # the IdentityN's control inputs hold each part
-            if k < len(types):
-                ident.attr["T"].type = types[k]
-            if k < len(shapes):
-                ident.attr["_output_shapes"].list.shape.add().CopyFrom(shapes[k])
+            # the IdentityN's control inputs hold each part
+            ident = identity_node(f"{name}/{SPLIT_SUFFIX}{k}", [data_inputs[k], *controls],
+                                  node.device, types[k] if k < len(types) else None,
+                                  shapes[k] if k < len(shapes) else None)
             new_nodes.append(ident)
             replacement[k] = ident.name
         for r in sorted(set(index.data_consumers(i))):
@@ -88,3 +87,17 @@ def split_gradient_identityn(index: GraphIndex, regions: Regions) -> SplitPlan:
         plan.identities += len(replacement)
     g.node.extend(new_nodes)
     return plan
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class SplitIdentityNPass(Pass):
+    """A Keras optimizer's IdentityN over all gradients would hold every update back until
+    the last gradient exists: one Identity per gradient instead (before early updates)."""
+
+    name, edits = "split IdentityN", Edits.NODES
+
+    def enabled(self, options) -> bool:
+        return options.early_updates
+
+    def run(self, context: PassContext) -> SplitPlan:
+        return split_gradient_identityn(context.index, context.regions)

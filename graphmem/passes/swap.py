@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from graphmem import protos
-from graphmem.analysis.memory import normalize_device
 from graphmem.analysis.regions import Regions
 from graphmem.errors import InputError, UsageError
+from graphmem.graph.builders import identity_node
+from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor, nbytes
 from graphmem.graph.names import input_string, parse_input
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 from graphmem.passes.recompute import COPY_SCOPE, NO_DATA_READERS
 
 SWAP_SCOPE = "graphmem_swap"
@@ -67,7 +68,7 @@ class SwapPair:
 
 
 @dataclass
-class SwapPlan:
+class SwapPlan(PassPlan):
     pairs: list[SwapPair] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> tensors
     bytes_moved: int = 0  # per step: one copy out, one back in per swap-in
@@ -75,6 +76,14 @@ class SwapPlan:
     @property
     def swapped_tensors(self) -> int:
         return len({p.tensor for p in self.pairs})
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.pairs)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        return dict(self.skipped)
 
 
 def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOptions,
@@ -124,9 +133,17 @@ def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOption
     return chosen
 
 
-def apply_swap(index: GraphIndex, regions: Regions, tensors: list[Tensor],
-               options: SwapOptions, batch_size: int | None, plan: SwapPlan) -> SwapPlan:
-    """Rewrite index.graph_def in place; the index is stale afterwards."""
+def apply_swap(index: GraphIndex, regions: Regions, options: SwapOptions,
+               batch_size: int | None) -> SwapPlan:
+    """Choose the tensors (`choose_swap_tensors`) and swap them: rewrites
+    index.graph_def in place; the index is stale afterwards."""
+    plan = SwapPlan()
+    tensors = choose_swap_tensors(index, regions, options, batch_size, plan)
+    return _swap_tensors(index, regions, tensors, options, batch_size, plan)
+
+
+def _swap_tensors(index: GraphIndex, regions: Regions, tensors: list[Tensor],
+                  options: SwapOptions, batch_size: int | None, plan: SwapPlan) -> SwapPlan:
     g = index.graph_def
     new_nodes = []
     rewires: dict[int, dict[int, str]] = {}
@@ -187,17 +204,7 @@ def apply_swap(index: GraphIndex, regions: Regions, tensors: list[Tensor],
 
 def _identity(name: str, source: str, device: str, index: GraphIndex, t: Tensor):
     """A copy of tensor `t` on `device`, typed and shaped like it."""
-    node = protos.NodeDef()
-    node.name, node.op, node.device = name, "Identity", device
-    node.input.append(source)
-    dtype = index.dtype(t)
-    if dtype is not None:
-        node.attr["T"].type = dtype
-    shape = index.shape(t)
-    if shape is not None:
-        s = node.attr["_output_shapes"].list.shape.add()
-        for d in shape:
-            s.dim.add(size=d)
+    node = identity_node(name, [source], device, index.dtype(t), index.shape(t))
     node.attr[KEEP_ATTR].b = True
     return node
 
@@ -301,3 +308,19 @@ def _forward_from_start(index: GraphIndex, regions: Regions, start: list[str]) -
 
 def _skip(plan: SwapPlan, why: str) -> None:
     plan.skipped[why] = plan.skipped.get(why, 0) + 1
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class SwapPass(Pass):
+    """Host offload of saved activations, or of the checkpoints a recompute policy kept."""
+
+    name, edits = "swap", Edits.NODES
+
+    def enabled(self, options) -> bool:
+        return options.swap is not None
+
+    def run(self, context: PassContext) -> SwapPlan:
+        options = context.options.swap
+        if context.choice.policy != "none":  # swap what the policy kept
+            options = replace(options, tensors=context.kept_tensors())
+        return apply_swap(context.index, context.regions, options, context.options.batch_size)

@@ -1,0 +1,64 @@
+"""NodeDefs the passes add, built one way: names that do not collide, scalar constants,
+Identity copies of a tensor.
+
+Attributes are set in one fixed order (type, value, `_output_shapes`, then the caller's),
+so that a rewritten graph serializes to the same bytes whichever pass built the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from google.protobuf.message import Message
+
+from graphmem import protos
+from graphmem.graph import dtypes
+
+
+def unique_name(name: str, taken: Callable[[str], bool]) -> str:
+    """`name`, or `name_1`, `name_2`, ... : the first that `taken` says is free."""
+    base, n = name, 0
+    while taken(name):
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def add_scalar_const(graph: Message, name: str, dtype: int, value: int | None = None,
+                     device: str = "", controls: Iterable[str] = ()) -> Message:
+    """Append a scalar Const to `graph`: `value` (an integer, for shapes and counters) or
+    the zero of `dtype`, run after the ops named in `controls`."""
+    node = graph.node.add(name=name, op="Const")
+    if device:
+        node.device = device
+    node.input.extend("^" + c for c in controls)
+    node.attr["dtype"].type = dtype
+    t = node.attr["value"].tensor
+    t.dtype = dtype
+    t.tensor_shape.SetInParent()
+    if value is not None:
+        if dtype == dtypes.INT64:
+            t.int64_val.append(value)
+        else:
+            t.int_val.append(value)
+    node.attr["_output_shapes"].list.shape.add()
+    return node
+
+
+def identity_node(name: str, inputs: Iterable[str], device: str, dtype: int | None = None,
+                  shape: list[int] | Message | None = None) -> Message:
+    """A new Identity NodeDef (not yet in a graph) reading `inputs` (its data input, then
+    any control inputs), typed `dtype` and shaped `shape` (dims, or a TensorShapeProto)."""
+    node = protos.NodeDef()
+    node.name, node.op, node.device = name, "Identity", device
+    node.input.extend(inputs)
+    if dtype is not None:
+        node.attr["T"].type = dtype
+    if shape is not None:
+        s = node.attr["_output_shapes"].list.shape.add()
+        if isinstance(shape, list):
+            for d in shape:
+                s.dim.add(size=d)
+        else:
+            s.CopyFrom(shape)
+    return node

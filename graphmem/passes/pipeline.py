@@ -1,0 +1,78 @@
+"""The rewrite pipeline: the passes in their order, run under the contract of base.py.
+
+Adding a pass: write it (a `Pass` in its module), add it to `REWRITE_PASSES` where it
+belongs in the order, and present its plan in the report.
+
+The pipeline re-indexes after a pass that edited nodes (a stale index is never handed to
+the next pass), hands a pass that edits the index in place one the caller does not hold,
+analyses regions only when asked for after a change, times every stage, and names the
+pass in the traceback of an error raised inside it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from graphmem.analysis.regions import Regions
+from graphmem.graph.index import GraphIndex
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.passes.early_updates import EarlyUpdatesPass
+from graphmem.passes.late_terms import LateTermsPass
+from graphmem.passes.loop_recompute import LoopRecomputePass
+from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
+from graphmem.passes.loop_sums import LoopSumsPass
+from graphmem.passes.recompute import RecomputePass
+from graphmem.passes.split_identityn import SplitIdentityNPass
+from graphmem.passes.swap import SwapPass
+
+# the order matters: recompute plans on the original graph's saved activations; the loop
+# passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
+# what recompute kept; the schedule passes (an optimizer's IdentityN split, v1 loop sums,
+# late weight-decay terms, early updates) come last, as they order what the others made
+REWRITE_PASSES: tuple[Pass, ...] = (
+    RecomputePass(),
+    LoopRecomputePass(),
+    LoopRecomputeV1Pass(),
+    SwapPass(),
+    SplitIdentityNPass(),
+    LoopSumsPass(),
+    LateTermsPass(),
+    EarlyUpdatesPass(),
+)
+
+
+@dataclass
+class PipelineResult:
+    plans: dict[str, PassPlan]  # pass name -> plan, for the passes that ran, in order
+    index: GraphIndex  # of the rewritten graph
+    regions: Regions  # of the rewritten graph
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+
+
+def run_pipeline(context: PassContext,
+                 passes: tuple[Pass, ...] = REWRITE_PASSES) -> PipelineResult:
+    """Run the enabled passes over `context.ws` in order. The workspace's graph is edited
+    in place; `context.ws.index` is the index of the result afterwards."""
+    seconds: dict[str, float] = {}
+    for p in passes:
+        if not p.enabled(context.options) or not p.applies(context):
+            continue
+        start = time.perf_counter()
+        if p.edits is Edits.CONTROL_EDGES:
+            context.own_index()
+        try:
+            plan = p.run(context)
+        except Exception as exc:
+            exc.add_note(f"in the rewrite pass {p.name!r}")
+            raise
+        context.plans[p.name] = plan
+        seconds[p.name] = time.perf_counter() - start
+        if p.edits is Edits.NODES and plan.changed:
+            start = time.perf_counter()
+            context.reindex()
+            seconds[f"re-index after {p.name}"] = time.perf_counter() - start
+    start = time.perf_counter()
+    regions = context.regions
+    seconds["regions"] = time.perf_counter() - start
+    return PipelineResult(context.plans, context.index, regions, seconds)
