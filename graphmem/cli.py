@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from graphmem import __version__
+from graphmem import __version__, options
 from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
@@ -33,9 +33,9 @@ def model_options(fn):
     fn = click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")(fn)
     fn = click.option("--function", help="Work on this function of the graph's library "
                                          "(TF2 train steps live there).")(fn)
-    fn = click.option("--batch-size", type=click.IntRange(min=1),
+    fn = click.option("--batch-size", type=options.BATCH_SIZE,
                       help="Size of unknown leading (batch) dimensions.")(fn)
-    fn = click.option("--backward-scope", multiple=True, metavar="REGEX",
+    fn = click.option("--backward-scope", multiple=True, metavar="REGEX", type=options.REGEX,
                       help="Name scope(s) of the backward pass (default: gradients*/ and "
                            "gradient_tape/). Repeatable.")(fn)
     return fn
@@ -48,7 +48,7 @@ def estimate_options(fn):
                            "TF1 graphs, needs TensorFlow).")(fn)
     fn = click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
                       help="Draw estimated memory over the step.")(fn)
-    fn = click.option("--max-peak", metavar="SIZE",
+    fn = click.option("--max-peak", metavar="SIZE", type=options.SIZE,
                       help="Exit 1 when the estimated step peak is above SIZE (e.g. 1.5GiB, "
                            "300MB): a CI gate.")(fn)
     return fn
@@ -60,15 +60,15 @@ def swap_options(fn):
         click.option("--swap", is_flag=True,
                      help="Swap saved activations to host memory and back (with a recompute "
                           "policy: swap its checkpoints)."),
-        click.option("--swap-threshold", metavar="SIZE", default="0",
+        click.option("--swap-threshold", metavar="SIZE", default="0", type=options.SIZE,
                      help="Swap only tensors at least this large (e.g. 4MiB)."),
-        click.option("--swap-max-tensors", type=click.IntRange(min=1), metavar="N",
+        click.option("--swap-max-tensors", type=options.COUNT, metavar="N",
                      help="Swap at most N tensors (earliest in the forward pass first)."),
-        click.option("--swap-include", multiple=True, metavar="REGEX",
+        click.option("--swap-include", multiple=True, metavar="REGEX", type=options.REGEX,
                      help="Only swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-exclude", multiple=True, metavar="REGEX",
+        click.option("--swap-exclude", multiple=True, metavar="REGEX", type=options.REGEX,
                      help="Never swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-start", multiple=True, metavar="SCOPE",
+        click.option("--swap-start", multiple=True, metavar="SCOPE", type=options.SCOPE,
                      help="Start the forward walk at these scopes or op names (default: the "
                           "whole forward pass). Repeatable."),
         click.option("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
@@ -79,6 +79,7 @@ def swap_options(fn):
         click.option("--swap-branches", is_flag=True,
                      help="Also swap for forward readers far from the producer."),
         click.option("--swap-branch-threshold", default=20, show_default=True, metavar="N",
+                     type=options.NON_NEGATIVE,
                      help="Topological distance that makes a forward reader far."),
         click.option("--device", "swap_device", metavar="DEVICE",
                      help="Device whose memory is saved (default: each tensor's own)."),
@@ -95,18 +96,15 @@ def _swap_options_from(kw: dict):
         for key in list(kw):
             kw.pop(key)
         return None
-    from graphmem.errors import UsageError
     from graphmem.passes.swap import SwapOptions
     from graphmem.units import parse_size
 
-    lb, sep, ub = kw.pop("swap_in_ahead").partition(":")
-    if not sep or not lb.isdigit() or not ub.isdigit() or int(lb) > int(ub):
-        raise UsageError("--swap-in-ahead wants LB:UB with 0 <= LB <= UB, e.g. 1:10")
+    lb, ub = options.parse_ahead(kw.pop("swap_in_ahead"))
     return SwapOptions(
         threshold=parse_size(kw.pop("swap_threshold")),
         max_tensors=kw.pop("swap_max_tensors"),
         include=list(kw.pop("swap_include")), exclude=list(kw.pop("swap_exclude")),
-        start=list(kw.pop("swap_start")), ahead=(int(lb), int(ub)),
+        start=list(kw.pop("swap_start")), ahead=(lb, ub),
         fuse=kw.pop("swap_fuse"), branches=kw.pop("swap_branches"),
         branch_threshold=kw.pop("swap_branch_threshold"), device=kw.pop("swap_device"),
         host=kw.pop("host_device"))
@@ -197,7 +195,8 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 @click.argument("model", type=click.Path())
 @model_options
 @estimate_options
-@click.option("--top", default=10, show_default=True, help="How many of the largest to list.")
+@click.option("--top", default=10, show_default=True, type=options.NON_NEGATIVE,
+              help="How many of the largest to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
 def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plot, max_peak,
@@ -207,9 +206,7 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
 
     limit = _parse_max_peak(max_peak)
     if plot:
-        from graphmem.formats.save import check_output_location
-
-        check_output_location(plot, "--plot")
+        options.check_plot(plot, model)
     ws = _open(model, fmt, tag, function, batch_size)
     facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
                             keep_timeline=bool(plot))
@@ -239,10 +236,11 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
                                             "none"]),
               help="How checkpoints are chosen (default: memory; none with --swap; budget "
                    "with --budget).")
-@click.option("--budget", metavar="SIZE|FRACTION",
+@click.option("--budget", metavar="SIZE|FRACTION", type=options.BUDGET,
               help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
                    "(2GiB) or FRACTION of the original peak (0.5).")
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
+              type=options.PATTERN,
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
 @swap_options
@@ -269,12 +267,11 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
             patterns, grappler, plot, max_peak, early_updates, recompute_loops, loop_bodies,
             keep_worse, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
-    from graphmem.formats.save import check_output_location
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    check_output_location(output)
+    options.check_output(output, "output", model)
     if plot:
-        check_output_location(plot, "--plot")
+        options.check_plot(plot, model, others=(output,))
     limit = _parse_max_peak(max_peak)
     swap = _swap_options_from(swap_kw)
     if budget is not None and policy not in (None, "budget"):
@@ -283,12 +280,13 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
                         "none" if swap and not patterns else "memory")
     if policy == "budget" and not budget:
         raise UsageError("--policy budget needs --budget SIZE or FRACTION (e.g. 2GiB, 0.5)")
-    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
+    rewrite_options = RewriteOptions(policy, list(patterns), batch_size,
+                                     list(backward_scope) or None,
                              grappler, keep_timeline=bool(plot), swap=swap,
                              keep_worse=keep_worse, early_updates=early_updates,
                              budget=budget, recompute_loops=recompute_loops,
                              loop_recompute=loop_bodies)
-    result = rewrite_file(model, output, options, fmt, tag, function)
+    result = rewrite_file(model, output, rewrite_options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot
 
@@ -323,23 +321,26 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
 @click.argument("rewritten", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format of both.")
 @click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1),
+@click.option("--steps", default=5, show_default=True, type=options.COUNT,
               help="Training steps to run on each graph.")
-@click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--warmup", default=0, show_default=True, type=options.NON_NEGATIVE,
               help="Steps to run (and compare) before the measured ones; 120 measures TF's "
                    "steady state (its executor runs small ops differently for ~90 steps).")
-@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
+@click.option("--batch-size", default=8, show_default=True, type=options.BATCH_SIZE,
               help="Size of unknown batch dimensions in random feeds.")
 @click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy",
               help="Feed a placeholder from a .npy file instead of random data.")
 @click.option("--train-op", help="The op one training step runs (default: `train_op` "
                                  "collection, or the optimizer's last op).")
 @click.option("--loss", help="The loss tensor (default: `losses` collection, or found).")
-@click.option("--rtol", default=1e-5, show_default=True, help="Relative tolerance.")
-@click.option("--atol", default=1e-6, show_default=True, help="Absolute tolerance.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--rtol", default=1e-5, show_default=True, type=options.TOLERANCE,
+              help="Relative tolerance.")
+@click.option("--atol", default=1e-6, show_default=True, type=options.TOLERANCE,
+              help="Absolute tolerance.")
+@click.option("--threads", default=1, show_default=True, type=options.COUNT,
               help="inter_op_parallelism_threads for both sessions.")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random feeds.")
+@click.option("--seed", default=0, show_default=True, type=options.SEED,
+              help="Seed of the random feeds.")
 @click.option("--exact", is_flag=True,
               help="Demand bit-identical training: zero tolerances, and Grappler off (a "
                    "rewrite can change which ops Grappler fuses or simplifies, which moves "
@@ -392,7 +393,7 @@ def differs_message(result, exact: bool) -> str:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format.")
 @click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
 @click.option("--function", help="Work on this function of the graph's library.")
-@click.option("--batch-size", type=click.IntRange(min=1),
+@click.option("--batch-size", type=options.BATCH_SIZE,
               help="Size of unknown leading (batch) dimensions.")
 @click.option("--points", default=8, show_default=True, type=click.IntRange(min=2, max=64),
               help="Budgets between the smallest reachable peak and the original peak.")
@@ -406,9 +407,7 @@ def plan(model, fmt, tag, function, batch_size, points, plot, as_json):
     from graphmem.plan import tradeoff
 
     if plot:
-        from graphmem.formats.save import check_output_location
-
-        check_output_location(plot, "--plot")
+        options.check_plot(plot, model)
     result = tradeoff(model, batch_size, fmt, tag, function, points)
     if plot:
         from graphmem.report.plot import write_tradeoff_plot
