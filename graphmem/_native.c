@@ -51,6 +51,10 @@ static int grow(void **items, Py_ssize_t *cap, Py_ssize_t need, size_t item_size
 #define MAX_INTERNAL_FRAGMENTATION (128LL << 20)
 #define INITIAL_REGION (2LL << 20)
 #define REGION_GAP (1LL << 12)
+/* Regions stop growing here (4 PiB; bfc.py's MAX_REGION): every address, size and sum of
+ * them stays far inside 64 bits, and a replay past it fails instead of doubling forever. */
+#define MAX_REGION (1LL << 52)
+static const char TOO_BIG[] = "the step needs more than 4 PiB on one device";
 
 typedef struct {
     int64_t size, addr;
@@ -159,9 +163,13 @@ static int drop_chunk(BFC *a, int32_t id) {
 
 static int bfc_extend(BFC *a, int64_t need) {
     int grew = 0;
-    while (need > a->region_bytes) {
+    while (need > a->region_bytes && a->region_bytes <= MAX_REGION) {
         a->region_bytes *= 2;
         grew = 1;
+    }
+    if (a->region_bytes > MAX_REGION) { /* bfc.py's _extend raises the same */
+        PyErr_SetString(PyExc_OverflowError, TOO_BIG);
+        return -1;
     }
     int32_t id = new_chunk(a, a->next_base, a->region_bytes);
     if (id < 0) return -1;
@@ -173,6 +181,10 @@ static int bfc_extend(BFC *a, int64_t need) {
 
 /* BFCAllocator.allocate: the chunk id handed out, -1 on error */
 static int32_t bfc_allocate(BFC *a, int64_t nbytes) {
+    if (nbytes > MAX_REGION) { /* no region holds it (and rounding up could overflow) */
+        PyErr_SetString(PyExc_OverflowError, TOO_BIG);
+        return -1;
+    }
     int64_t need = (nbytes + MIN_ALLOCATION - 1) & -(int64_t)MIN_ALLOCATION;
     if (need < MIN_ALLOCATION) need = MIN_ALLOCATION;
     int first = bin_of(need);
@@ -777,6 +789,8 @@ static Py_ssize_t node_named(const Distinct *names, const Slice *name_of, Slice 
     return k < 0 ? -1 : names->reps[k];
 }
 
+#define INDEX_LIMIT 1000000000000000000LL
+
 static Py_ssize_t resolve_input(const Distinct *t, const Slice *name_of, Slice in,
                                 long long *k) {
     Py_ssize_t src = node_named(t, name_of, in); /* the common case: output 0, written bare */
@@ -789,14 +803,17 @@ static Py_ssize_t resolve_input(const Distinct *t, const Slice *name_of, Slice i
     }
     Py_ssize_t colon = in.n - 1;
     while (colon >= 0 && in.p[colon] != ':') colon--;
-    Py_ssize_t digits = in.n - colon - 1;
-    if (colon < 0 || digits < 1 || digits > 9) return -1;
+    if (colon < 0 || colon == in.n - 1) return -1;
+    /* ASCII digits, leading zeros allowed, saturated at INDEX_LIMIT (graph/names.py's
+     * output_index: both readers give every input string the same index) */
     long long v = 0;
+    Py_ssize_t significant = 0;
     for (Py_ssize_t i = colon + 1; i < in.n; i++) {
         if (in.p[i] < '0' || in.p[i] > '9') return -1;
-        v = v * 10 + (in.p[i] - '0');
+        if (v || in.p[i] != '0') significant++;
+        if (significant <= 18) v = v * 10 + (in.p[i] - '0');
     }
-    *k = v;
+    *k = significant > 18 ? INDEX_LIMIT : v;
     Slice name = {in.p, colon};
     return node_named(t, name_of, name);
 }

@@ -33,6 +33,9 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVar
                           "_VarHandlesOp"})
 SUM_OPS = frozenset({"Add", "AddV2", "AddN"})  # how gradients are summed
 _MERGES = frozenset({"Merge", "RefMerge"})
+# Outputs a node may have when no OpDef says how many (an unknown op type): far above any
+# real op's, low enough that per-output lists stay small.
+MAX_UNKNOWN_OUTPUTS = 1 << 16
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
                             "TensorShape"})
 
@@ -111,6 +114,8 @@ class GraphIndex:
         out_dtypes, out_shapes, num_outputs = idx.out_dtypes, idx.out_shapes, idx.num_outputs
         for i, types, shapes in zip(range(kept, n), types_of, shapes_of, strict=True):
             n_shapes = len(shapes) if shapes else 0
+            if max_out[i] > (MAX_UNKNOWN_OUTPUTS if types is None else len(types)):
+                idx._past_outputs(i, None if types is None else len(types))
             if types is None:
                 types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
             out_dtypes.append(types)
@@ -123,6 +128,21 @@ class GraphIndex:
         if any(idx.frame):
             idx._condense_loops()
         return idx
+
+    def _past_outputs(self, i: int, count: int | None) -> None:
+        """Refuse a graph where a node reads an output node i does not have: past the
+        outputs its OpDef gives it (`count`), or, without an OpDef, past any real op's
+        (an index of 999999999 would make every per-output list that long)."""
+        limit = MAX_UNKNOWN_OUTPUTS if count is None else count
+        k = max(k for (s, k) in self.consumers if s == i)
+        reader = self.consumers[(i, k)][0]
+        text = next((t for t in self.graph_def.node[reader].input
+                     if not t.startswith("^") and parse_input(t)[:2] == (self.names[i], k)),
+                    f"{self.names[i]}:{k}")
+        has = (f"has {count} output{'s' if count != 1 else ''}" if count is not None
+               else f"cannot have more than {limit} outputs")
+        raise InputError(f"node {self.names[reader]!r} reads {text[:200]!r}, but "
+                         f"{self.names[i]!r} ({self.ops[i]}) {has}")
 
     def _read_compiled(self, previous: GraphIndex | None) -> tuple[list[int], tuple] | None:
         """Names, ops, devices (those of `previous` for the nodes it had) and edges from the
