@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # Output indices at or past this are all read as this one (and refused by the index): the
 # compiled reader (graphmem/_native.c, resolve_input) saturates at the same value, so both
 # readers agree on every input string.
