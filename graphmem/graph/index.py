@@ -64,6 +64,10 @@ class GraphIndex:
     _shape_cache: dict[bytes, list] = field(default_factory=dict)
     _bytes: dict[int | None, list] = field(default_factory=dict)
     _dead: list[bool] | None = None  # may_be_dead, computed on first use
+    # for opdef_check: nodes whose dtypes were guessed (no OpDef), and on a fresh compiled
+    # read, each node's (op, attrs) signature and the first node of each signature
+    guessed_dtypes: set[int] = field(default_factory=set)
+    signature_groups: tuple[list[int], list[int]] | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -117,6 +121,7 @@ class GraphIndex:
             if max_out[i] > (MAX_UNKNOWN_OUTPUTS if types is None else len(types)):
                 idx._past_outputs(i, None if types is None else len(types))
             if types is None:
+                idx.guessed_dtypes.add(i)
                 types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
             out_dtypes.append(types)
             out_shapes.append(shapes if n_shapes else None)
@@ -175,6 +180,8 @@ class GraphIndex:
         op and its attrs but `_output_shapes`) and by `_output_shapes` value: each group is
         looked up, or parsed, once."""
         signature_of, firsts, shapes_of, values = native.read_attrs(serialized, start)
+        if start == 0:
+            self.signature_groups = (signature_of, firsts)
         nodes = self.graph_def.node
         lookup = _SignatureCache(self.registry).lookup
         signatures = [lookup(self.ops[i], nodes[i]) for i in firsts]

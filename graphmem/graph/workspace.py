@@ -13,6 +13,7 @@ from google.protobuf.message import Message
 from graphmem.formats.model import LoadedModel
 from graphmem.graph.function_view import FunctionView
 from graphmem.graph.index import GraphIndex
+from graphmem.graph.opdef_check import check_graph
 from graphmem.graph.opdefs import OpRegistry
 
 
@@ -41,6 +42,7 @@ class Workspace:
             view = FunctionView.build(model.function, registry)
             graph_def = view.graph_def
         ws = cls(model, registry, graph_def, view, GraphIndex.build(graph_def, registry))
+        check_graph(ws.index)  # what TF's import would refuse is refused here
         if infer_shapes and view is None and not ws.index.has_shapes():
             ws._infer_shapes(batch_size)
         return ws
