@@ -37,8 +37,16 @@ _LIST_FIELD = {"list(type)": "type", "list(int)": "i", "list(float)": "f", "list
 Expected = tuple[int, tuple[tuple[int, int | None, bool], ...]]
 
 
-def check_graph(index) -> None:
-    """Raise InputError for the first node (in file order) that its OpDef refuses."""
+def check_graph(index, written_by_tensorflow: bool = True) -> None:
+    """Raise InputError for the first node (in file order) that its OpDef refuses.
+
+    Only graphs TensorFlow wrote (`written_by_tensorflow`: the file's GraphDef carries
+    TF's version stamp) are held to TF's op definitions: a GraphDef built by hand (test
+    graphs, the synthetic benchmark graphs) sets one dtype attr `T` on every node and
+    leaves out inputs and attrs that nothing graphmem does reads."""
+    if not written_by_tensorflow:
+        index.signature_groups = None
+        return
     ops, names, registry = index.ops, index.names, index.registry
     nodes = index.graph_def.node
     data_inputs, out_dtypes = index.data_inputs, index.out_dtypes

@@ -42,7 +42,7 @@ class Workspace:
             view = FunctionView.build(model.function, registry)
             graph_def = view.graph_def
         ws = cls(model, registry, graph_def, view, GraphIndex.build(graph_def, registry))
-        check_graph(ws.index)  # what TF's import would refuse is refused here
+        check_graph(ws.index, model.graph_def.versions.producer > 0)  # as TF's import would
         if infer_shapes and view is None and not ws.index.has_shapes():
             ws._infer_shapes(batch_size)
         return ws
