@@ -135,8 +135,8 @@ for line in sys.stdin:
             else:
                 gd = tf.compat.v1.GraphDef.FromString(m.graph_def.SerializeToString())
                 tf.compat.v1.import_graph_def(gd, name="")
-    except Exception:
-        ok = False
+    except Exception as exc:
+        ok = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     print(json.dumps(ok), flush=True)
 """
 
@@ -144,7 +144,8 @@ for line in sys.stdin:
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
 
-    def accepts(self, path: str, tag: str | None) -> bool | None:
+    def accepts(self, path: str, tag: str | None) -> bool | str | None:
+        """True, or why TensorFlow refuses the graph; None when it did not answer."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], cwd=ROOT,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -315,7 +316,8 @@ def odd_layouts(tmp: Path) -> list[list[str]]:
               ["rewrite", str(mlp), "-o", str(tmp / "x.meta"), "--plot", str(tmp / "p.bmp")],
               ["rewrite", str(mlp), "-o", str(tmp / "x.meta"), "--plot", str(tmp)],
               ["inspect", str(mlp), "--plot", str(mlp)],
-              ["inspect", str(mlp), "--plot", "/dev/null.svg"]]
+              ["inspect", str(mlp), "--plot", str(tmp / "pipe.svg")]]
+    os.mkfifo(tmp / "pipe.svg")
     return cases
 
 
@@ -353,7 +355,7 @@ def option_args(rng: random.Random, tmp: Path, n: int) -> list[str]:
             rng.choice(regexes)]
 
 
-def generate(rng: random.Random, tmp: Path, count: int):
+def generate(rng: random.Random, tmp: Path, count: int, layouts: bool = True):
     """(category, args, input file): the file is asked about to TensorFlow after a
     rewrite, and removed."""
     from graphmem.formats import load_model
@@ -361,7 +363,7 @@ def generate(rng: random.Random, tmp: Path, count: int):
 
     raw = {name: (DATA / name).read_bytes() for name in BINARY + TEXT}
     models = {name: load_model(DATA / name) for name in BINARY + TEXT}
-    for case in odd_layouts(tmp):
+    for case in odd_layouts(tmp) if layouts else ():
         yield "layout", case, None
     n = 0
     while n < count:
@@ -382,12 +384,13 @@ def generate(rng: random.Random, tmp: Path, count: int):
             name = rng.choice(BINARY + TEXT)
             model = models[name]
             backup = model.container.SerializeToString()
-            for _ in range(rng.choice([1, 1, 1, 2, 3])):
-                mutate_proto(rng, model.graph_def)
+            edits = [mutate_proto(rng, model.graph_def)
+                     for _ in range(rng.choice([1, 1, 1, 2, 3]))]
             path = tmp / f"in{n}{Path(name).suffix}"
             path.write_bytes(serialize(model))
             model.container.ParseFromString(backup)
-            yield "proto", _command(rng, path, out, name, rewrite_share=0.7), str(path)
+            yield f"proto:{'+'.join(edits)}", _command(rng, path, out, name,
+                                                      rewrite_share=0.7), str(path)
         else:
             yield "options", option_args(rng, tmp, n), None
 
@@ -406,24 +409,60 @@ def main() -> int:
     parser.add_argument("--inputs", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="shards run side by side, each with its own two workers")
+    parser.add_argument("--shard", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker()
         return 0
-    sys.path.insert(0, str(ROOT))
-    rng = random.Random(args.seed)
-    compiled, pure = Worker(False, args.timeout), Worker(True, args.timeout)
-    judge = TFJudge(args.timeout)
+    if args.shard is not None:
+        print(json.dumps(run_shard(args.seed, args.shard, args.jobs, args.inputs,
+                                   args.timeout)))
+        return 0
+    start = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.fuzz_bench", "--shard",
+                               str(k), "--jobs", str(args.jobs), "--inputs", str(args.inputs),
+                               "--seed", str(args.seed), "--timeout", str(args.timeout)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for k in range(args.jobs)]
+    shards = [json.loads(p.communicate()[0]) for p in procs]
     outcomes: Counter = Counter()
     failures: Counter = Counter()
     by_category: Counter = Counter()
     examples: dict[str, list[str]] = {}
-    rejected_written = tf_rejected = 0
-    start = time.time()
+    for shard in shards:
+        outcomes.update(dict(shard["outcomes"]))
+        failures.update(dict(shard["failures"]))
+        by_category.update({tuple(k): v for k, v in shard["by_category"]})
+        for kind, lines in shard["examples"].items():
+            examples.setdefault(kind, []).extend(lines)
+    rejected_written = sum(shard["rejected_written"] for shard in shards)
+    tf_rejected = sum(shard["tf_rejected"] for shard in shards)
+    _print_report(sum(shard["inputs"] for shard in shards), time.time() - start, outcomes,
+                  by_category, failures, examples, rejected_written, tf_rejected)
+    written_share = rejected_written / max(tf_rejected, 1)
+    return 1 if sum(failures.values()) or written_share > 0.05 else 0
+
+
+def run_shard(seed: int, shard: int, shards: int, inputs: int, timeout: float) -> dict:
+    """Inputs shard, shard + shards, ... of the run (the odd layouts in shard 0), each
+    through both workers; counts as lists of [key, count] for JSON."""
+    sys.path.insert(0, str(ROOT))
+    rng = random.Random(f"{seed}/{shard}")
+    compiled, pure = Worker(False, timeout), Worker(True, timeout)
+    judge = TFJudge(timeout)
+    outcomes: Counter = Counter()
+    failures: Counter = Counter()
+    by_category: Counter = Counter()
+    examples: dict[str, list[str]] = {}
+    rejected_written = tf_rejected = total = 0
+    count = inputs // shards + (1 if shard < inputs % shards else 0)
     with tempfile.TemporaryDirectory(prefix="graphmem-fuzz-") as tmp_name:
         tmp = Path(tmp_name)
-        for total, (category, argv, tf_check) in enumerate(generate(rng, tmp, args.inputs), 1):
+        for category, argv, tf_check in generate(rng, tmp, count, layouts=shard == 0):
+            total += 1
             before = _listing(tmp)
             a = compiled.run(argv)
             left_a = _clean(tmp, before, a["code"])
@@ -447,30 +486,32 @@ def main() -> int:
             if a["code"] != b["code"] or (a["code"] == 2 and a["stderr"] != b["stderr"]):
                 kinds.append("C/Python disagreement")
             outcomes[f"exit {a['code']}"] += 1
-            by_category[(category, a["code"])] += 1
+            by_category[(category.split(":")[0], a["code"])] += 1
             for kind in set(kinds):
                 failures[kind] += 1
                 examples.setdefault(kind, []).append(
                     f"{argv} -> C {a['code']} {a['stderr'].strip()[:200]!r} / "
                     f"Python {b['code']} {b['stderr'].strip()[:200]!r}")
             if tf_check is not None and argv[0] == "rewrite":
-                if judge.accepts(tf_check, None) is False:
+                verdict = judge.accepts(tf_check, None)
+                if isinstance(verdict, str):
                     tf_rejected += 1
                     if a["code"] == 0:
                         rejected_written += 1
                         examples.setdefault("TF-rejected graph written", []).append(
-                            str(argv))
+                            f"{category}: {verdict}")
             if tf_check is not None:
                 Path(tf_check).unlink(missing_ok=True)
             if total % 250 == 0:
-                print(f"  {total} inputs, {time.time() - start:.0f} s", file=sys.stderr)
+                print(f"  shard {shard}: {total} inputs", file=sys.stderr)
     compiled.kill()
     pure.kill()
     judge.close()
-    _print_report(total, time.time() - start, outcomes, by_category, failures, examples,
-                  rejected_written, tf_rejected)
-    written_share = rejected_written / max(tf_rejected, 1)
-    return 1 if failures or written_share > 0.05 else 0
+    return {"inputs": total, "outcomes": list(outcomes.items()),
+            "failures": list(failures.items()),
+            "by_category": [[list(k), v] for k, v in by_category.items()],
+            "examples": examples, "tf_rejected": tf_rejected,
+            "rejected_written": rejected_written}
 
 
 def _listing(tmp: Path) -> set[str]:
