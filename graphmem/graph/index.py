@@ -65,7 +65,8 @@ class GraphIndex:
     _bytes: dict[int | None, list] = field(default_factory=dict)
     _dead: list[bool] | None = None  # may_be_dead, computed on first use
     # for opdef_check: nodes whose dtypes were guessed (no OpDef), and on a fresh compiled
-    # read, each node's (op, attrs) signature and the first node of each signature
+    # read, each node's check signature (op and attrs, the contents of shapes and tensors
+    # aside) and the first node of each
     guessed_dtypes: set[int] = field(default_factory=set)
     signature_groups: tuple[list[int], list[int]] | None = None
 
@@ -179,9 +180,10 @@ class GraphIndex:
         """`_attr_facts` of nodes start.., from the nodes grouped in C by op signature (the
         op and its attrs but `_output_shapes`) and by `_output_shapes` value: each group is
         looked up, or parsed, once."""
-        signature_of, firsts, shapes_of, values = native.read_attrs(serialized, start)
+        signature_of, firsts, shapes_of, values, check_of, check_firsts = native.read_attrs(
+            serialized, start)
         if start == 0:
-            self.signature_groups = (signature_of, firsts)
+            self.signature_groups = (check_of, check_firsts)
         nodes = self.graph_def.node
         lookup = _SignatureCache(self.registry).lookup
         signatures = [lookup(self.ops[i], nodes[i]) for i in firsts]

@@ -33,9 +33,11 @@ _LIST_FIELD = {"list(type)": "type", "list(int)": "i", "list(float)": "f", "list
                "list(string)": "s", "list(shape)": "shape", "list(tensor)": "tensor",
                "list(func)": "func"}
 
-# What a signature's check found: None (fine, or not checkable), a str (why the node is
-# refused), or its inputs as runs (count, base dtype or None, is_ref) and their total.
-Expected = tuple[int, tuple[tuple[int, int | None, bool], ...]]
+# What a signature's check found: None (fine, or nothing to check against), a str (why the
+# node is refused), or the inputs the op takes: [total, runs, slots] with runs of
+# (count, dtype or None) and `slots` their expansion, made once the count is known to fit
+# a node (a ref input's dtype is its base + 100).
+Expected = list
 
 
 def check_graph(index, written_by_tensorflow: bool = True) -> None:
@@ -45,36 +47,60 @@ def check_graph(index, written_by_tensorflow: bool = True) -> None:
     TF's version stamp) are held to TF's op definitions: a GraphDef built by hand (test
     graphs, the synthetic benchmark graphs) sets one dtype attr `T` on every node and
     leaves out inputs and attrs that nothing graphmem does reads."""
+    groups = index.signature_groups
+    index.signature_groups = None  # only for this check: free the lists
     if not written_by_tensorflow:
-        index.signature_groups = None
         return
     _check_names(index)
-    ops, names, registry = index.ops, index.names, index.registry
+    ops, registry = index.ops, index.registry
     nodes = index.graph_def.node
     data_inputs, out_dtypes = index.data_inputs, index.out_dtypes
     guessed = index.guessed_dtypes
-    groups = index.signature_groups
-    n = len(names)
+    specs: dict[str, _OpSpec | None] = {}
+
+    def check(i: int) -> Expected | str | None:
+        op = ops[i]
+        spec = specs.get(op, False)
+        if spec is False:
+            spec = specs[op] = _OpSpec.of(registry, op)
+        return None if spec is None else spec.check(nodes[i].attr)
+
+    n = len(ops)
     if groups is not None:  # one check per distinct (op, attrs) signature
         signature_of, firsts = groups
-        found = [_check_signature(registry, ops[i], nodes[i]) for i in firsts]
+        found = [check(i) for i in firsts]
         bad = [firsts[g] for g, r in enumerate(found) if isinstance(r, str)]
         stop = min(bad) if bad else n
-        per_node = (found[s] for s in signature_of)
+        per_node = map(found.__getitem__, signature_of)
     else:
         stop = n
-        per_node = (_check_signature(registry, ops[i], nodes[i]) for i in range(n))
+        per_node = map(check, range(n))
     for i, expected in zip(range(stop), per_node, strict=False):
         if expected is None:
             continue
         if isinstance(expected, str):
             _refuse(index, i, expected)
-        why = _inputs_mismatch(expected, data_inputs[i], out_dtypes, guessed, index)
-        if why is not None:
-            _refuse(index, i, why)
+        inputs = data_inputs[i]
+        if len(inputs) != expected[0]:
+            total = expected[0]
+            _refuse(index, i, f"it takes {total} input{'s' if total != 1 else ''}, not "
+                              f"{len(inputs)}")
+        slots = expected[2]
+        if slots is None:
+            slots = expected[2] = tuple(t for count, t in expected[1] for _ in range(count))
+        for slot, ((src, k), want) in enumerate(zip(inputs, slots, strict=True)):
+            if want is None:
+                continue
+            have = out_dtypes[src]
+            if have is None or k >= len(have):
+                continue
+            got = have[k]
+            if got == want or (want < 100 and got == want + 100) or src in guessed:
+                continue
+            _refuse(index, i, f"input {slot} is {dtypes.name(got)} from "
+                              f"{index.names[src][:200]!r}, where it takes {dtypes.name(want)}")
     if stop < n:
-        _refuse(index, stop, _check_signature(registry, ops[stop], nodes[stop]))
-    index.signature_groups = None  # only for this check: free the lists
+        _refuse(index, stop, check(stop))
 
 
 # TensorFlow's IsValidNodeName (graph_constructor.cc), with a leading '_' allowed (names
@@ -105,71 +131,107 @@ def _refuse(index, i: int, why: str) -> None:
                      f"definition: {why}")
 
 
-def _inputs_mismatch(expected: Expected, inputs, out_dtypes, guessed, index) -> str | None:
-    total, runs = expected
-    if len(inputs) != total:
-        return f"it takes {total} input{'s' if total != 1 else ''}, not {len(inputs)}"
-    slot = 0
-    for count, want, ref in runs:
-        if want is None:
-            slot += count
-            continue
-        for src, k in inputs[slot:slot + count]:
-            have = out_dtypes[src]
-            if have is None or k >= len(have) or src in guessed:
+class _OpSpec:
+    """An OpDef as plain tuples, made once per op type: reading protobuf fields is what
+    costs, so a signature's check reads only the node's attrs."""
+
+    def __init__(self, op_def: Message, defaults: dict[str, Message]) -> None:
+        self.defaults = defaults
+        # (name, declared type, required, minimum or None, allowed types, allowed strings)
+        self.attrs = tuple(
+            (a.name, a.type, a.name not in defaults,
+             a.minimum if a.has_minimum else None,
+             frozenset(a.allowed_values.list.type) or None,
+             frozenset(a.allowed_values.list.s) or None)
+            for a in op_def.attr)
+        self.declared = frozenset(a[0] for a in self.attrs)
+        # (fixed dtype or 0, type attr, number attr, type list attr, is_ref)
+        self.inputs = tuple((a.type, a.type_attr, a.number_attr, a.type_list_attr, a.is_ref)
+                            for a in op_def.input_arg)
+
+    @classmethod
+    def of(cls, registry, op: str) -> _OpSpec | None:
+        if op in _SYNTHETIC or op in registry.functions:
+            return None  # a function call: its signature's attrs are the function's own
+        op_def = registry.op_def(op)
+        if op_def is None:
+            return None
+        return cls(op_def, registry.defaults(op, op_def))
+
+    def check(self, attrs) -> Expected | str:
+        """The checks that depend on the node's attrs: a str saying what is wrong, or the
+        inputs the op takes."""
+        for name, declared, required, minimum, types, strings in self.attrs:
+            if name in attrs:
+                why = _attr_mismatch(declared, minimum, types, strings, attrs[name])
+                if why is not None:
+                    return f"attr {name!r} {why}"
+            elif required:
+                return f"it has no attr {name!r}, which the op requires"
+        if len(attrs) > len(self.attrs) or any(k not in self.declared for k in attrs):
+            for key in attrs:
+                if key not in self.declared and not key.startswith("_"):
+                    return f"attr {key[:100]!r} is not one of the op's"
+        return self._expected_inputs(attrs)
+
+    def _expected_inputs(self, attrs) -> Expected | None:
+        """The op's inputs as runs of (count, dtype) from its input args and the node's
+        attrs; None when an attr they depend on is not a plain value (a placeholder)."""
+        runs = []
+        total = 0
+        for fixed, type_attr, number_attr, list_attr, ref in self.inputs:
+            if list_attr:
+                value = self._attr(attrs, list_attr)
+                if value is None or value.WhichOneof("value") not in ("list", None):
+                    return None
+                types = value.list.type
+                runs.extend((1, t + 100 if ref else t) for t in types)
+                total += len(types)
                 continue
-            got = have[k]
-            if got == want and not ref:
-                continue
-            if got == want + 100 if ref else dtypes.base(got) == want:
-                continue
-            return (f"input {slot} is {dtypes.name(got)} from {index.names[src][:200]!r}, "
-                    f"where it takes {dtypes.name(want + 100 if ref else want)}")
-        slot += count
-    return None
+            count = 1
+            if number_attr:
+                value = self._attr(attrs, number_attr)
+                if value is None or value.WhichOneof("value") != "i" or value.i < 0:
+                    return None
+                count = value.i
+            if fixed:
+                t = fixed
+            elif type_attr:
+                value = self._attr(attrs, type_attr)
+                if value is None or value.WhichOneof("value") != "type":
+                    return None
+                t = value.type
+            else:
+                t = None
+            runs.append((count, t + 100 if ref and t is not None else t))
+            total += count
+        return [total, tuple(runs), None]
+
+    def _attr(self, attrs, key: str) -> Message | None:
+        if key in attrs:
+            return attrs[key]
+        return self.defaults.get(key)
 
 
-def _check_signature(registry, op: str, node: Message) -> Expected | str | None:
-    """The checks that depend on the node's op and attrs: a str saying what is wrong, the
-    inputs the op takes, or None when there is no OpDef to check against."""
-    if op in _SYNTHETIC or op in registry.functions:
-        return None  # a function call: its signature's attrs are the function's own
-    op_def = registry.op_def(op)
-    if op_def is None:
-        return None
-    attrs = node.attr
-    defaults = registry.defaults(op, op_def)
-    declared = set()
-    for attr_def in op_def.attr:
-        declared.add(attr_def.name)
-        if attr_def.name in attrs:
-            why = _attr_mismatch(attr_def, attrs[attr_def.name])
-            if why is not None:
-                return f"attr {attr_def.name!r} {why}"
-        elif attr_def.name not in defaults:
-            return f"it has no attr {attr_def.name!r}, which the op requires"
-    for key in attrs:
-        if key not in declared and not key.startswith("_"):
-            return f"attr {key[:100]!r} is not one of the op's"
-    return _expected_inputs(op_def, attrs, defaults)
-
-
-def _attr_mismatch(attr_def: Message, value: Message) -> str | None:
+def _attr_mismatch(declared: str, minimum: int | None, types, strings,
+                   value: Message) -> str | None:
     kind = value.WhichOneof("value")
     if kind == "placeholder":  # inside a function body: the function's attr, bound later
         return None
-    declared = attr_def.type
     if declared.startswith("list("):
         if kind not in ("list", None):
             return f"is a {_WORD[kind]}, where the op takes a {declared}"
-        items = getattr(value.list, _LIST_FIELD.get(declared, "s"), ())
-        for field in _LIST_FIELD.values():
-            if field != _LIST_FIELD.get(declared) and len(getattr(value.list, field)):
-                return f"holds {field} values, where the op takes a {declared}"
-        if attr_def.has_minimum and len(items) < attr_def.minimum:
-            return f"lists {len(items)} values, fewer than the op's minimum {attr_def.minimum}"
+        field = _LIST_FIELD.get(declared)
+        items = ()
+        for descriptor, values in value.list.ListFields() if kind == "list" else ():
+            if descriptor.name != field:
+                return (f"holds {_WORD.get(descriptor.name, descriptor.name)} values, where "
+                        f"the op takes a {declared}")
+            items = values
+        if minimum is not None and len(items) < minimum:
+            return f"lists {len(items)} values, fewer than the op's minimum {minimum}"
         if declared == "list(type)":
-            return _types_mismatch(attr_def, list(items))
+            return _types_mismatch(types, items)
         return None
     want = _KIND.get(declared)
     if want is None:  # "any" and kinds this check does not know
@@ -178,66 +240,22 @@ def _attr_mismatch(attr_def: Message, value: Message) -> str | None:
         got = "empty" if kind is None else f"a {_WORD[kind]}"
         return f"is {got}, where the op takes a {declared}"
     if declared == "type":
-        return _types_mismatch(attr_def, [value.type])
-    if declared == "int" and attr_def.has_minimum and value.i < attr_def.minimum:
-        return f"is {value.i}, below the op's minimum {attr_def.minimum}"
-    if declared == "string" and len(attr_def.allowed_values.list.s):
-        if value.s not in attr_def.allowed_values.list.s:
-            return f"is {value.s[:60]!r}, not one of the values the op allows"
+        return _types_mismatch(types, (value.type,))
+    if declared == "int" and minimum is not None and value.i < minimum:
+        return f"is {value.i}, below the op's minimum {minimum}"
+    if declared == "string" and strings is not None and value.s not in strings:
+        return f"is {value.s[:60]!r}, not one of the values the op allows"
     return None
 
 
-def _types_mismatch(attr_def: Message, types: list[int]) -> str | None:
+def _types_mismatch(allowed, types) -> str | None:
     valid = _valid_dtypes()
-    allowed = attr_def.allowed_values.list.type
     for t in types:
         if t not in valid:
             return f"holds {t}, which is no valid DataType"
-        if len(allowed) and t not in allowed:
+        if allowed is not None and t not in allowed:
             return f"is {dtypes.name(t)}, which the op does not allow"
     return None
-
-
-def _expected_inputs(op_def: Message, attrs, defaults) -> Expected | None:
-    """The op's inputs as runs of (count, base dtype, is_ref) from its input args and the
-    node's attrs; None when an attr they depend on is not a plain value (a placeholder)."""
-    runs = []
-    total = 0
-    for arg in op_def.input_arg:
-        if arg.type_list_attr:
-            value = _attr(attrs, defaults, arg.type_list_attr)
-            if value is None or value.WhichOneof("value") not in ("list", None):
-                return None
-            for t in value.list.type:
-                runs.append((1, t, arg.is_ref))
-            total += len(value.list.type)
-            continue
-        count = 1
-        if arg.number_attr:
-            value = _attr(attrs, defaults, arg.number_attr)
-            if value is None or value.WhichOneof("value") != "i":
-                return None
-            count = value.i
-            if count < 0:
-                return None  # the attr check says why
-        if arg.type:
-            t = arg.type
-        elif arg.type_attr:
-            value = _attr(attrs, defaults, arg.type_attr)
-            if value is None or value.WhichOneof("value") != "type":
-                return None
-            t = value.type
-        else:
-            t = None
-        runs.append((count, t, arg.is_ref))
-        total += count
-    return total, tuple(runs)
-
-
-def _attr(attrs, defaults, key: str) -> Message | None:
-    if key in attrs:
-        return attrs[key]
-    return defaults.get(key)
 
 
 @cache
