@@ -323,6 +323,7 @@ def odd_layouts(tmp: Path) -> list[list[str]]:
 
 def option_args(rng: random.Random, tmp: Path, n: int) -> list[str]:
     mlp = str(DATA / "mlp.meta")
+    batch = ["--batch-size", "8"]  # where a rewrite needs one
     numbers = ["0", "-1", "1", "18014398509481985", "1e400", "inf", "nan", "2147483648", "1.5",
                "²", "١", "9" * 40, "", " 3", "4GiB", "1e-400", "0x10", "3.5e9"]
     sizes = ["1e400", "inf", "-1", "1.5GiB", "0", "9223372036854775807", "9e18", "1 TiB",
@@ -337,21 +338,21 @@ def option_args(rng: random.Random, tmp: Path, n: int) -> list[str]:
     if opt == 2:
         return ["inspect", mlp, "--json", "--backward-scope", rng.choice(regexes)]
     if opt == 3:
-        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", "--swap",
+        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", *batch, "--swap",
                 "--swap-threshold", rng.choice(sizes)]
     if opt == 4:
-        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", "--swap",
+        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", *batch, "--swap",
                 rng.choice(["--swap-include", "--swap-exclude", "--swap-start"]),
                 rng.choice(regexes)]
     if opt == 5:
-        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", "--swap",
+        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", *batch, "--swap",
                 "--swap-in-ahead", f"{rng.choice(numbers)}:{rng.choice(numbers)}"]
     if opt == 6:
-        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", "--budget",
+        return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", *batch, "--budget",
                 rng.choice(sizes + numbers)]
     if opt == 7:
         return ["inspect", mlp, "--json", "--top", rng.choice(numbers)]
-    return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", "--checkpoints",
+    return ["rewrite", mlp, "-o", str(tmp / f"o{n}.meta"), "--json", *batch, "--checkpoints",
             rng.choice(regexes)]
 
 
@@ -398,7 +399,8 @@ def generate(rng: random.Random, tmp: Path, count: int, layouts: bool = True):
 def _command(rng: random.Random, path: Path, out: Path, name: str,
              rewrite_share: float = 0.4) -> list[str]:
     if rng.random() < rewrite_share:
-        return ["rewrite", str(path), "-o", f"{out}{Path(name).suffix}", "--json"]
+        return ["rewrite", str(path), "-o", f"{out}{Path(name).suffix}", "--json",
+                "--batch-size", "8"]
     return ["inspect", str(path), "--json"]
 
 

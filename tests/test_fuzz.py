@@ -173,7 +173,7 @@ def test_structural_edits_give_a_result_or_one_error_line(meta, tmp_path_factory
     folder = tmp_path_factory.mktemp("proto")
     path, out = folder / "model.meta", folder / "out.meta"
     path.write_bytes(meta.SerializeToString())
-    _assert_clean(run_cli("rewrite", path, "-o", out, "--json"), out)
+    _assert_clean(run_cli("rewrite", path, "-o", out, "--json", "--batch-size", "8"), out)
 
 
 # ---- the compiled reader against the Python one --------------------------------------
@@ -272,4 +272,5 @@ def test_option_values_give_a_result_or_one_error_line(option, value):
 def test_rewrite_option_values_leave_no_output_on_error(option, value, tmp_path_factory):
     out = tmp_path_factory.mktemp("opt") / "out.meta"
     swap = ["--swap"] if option.startswith("--swap") else []
-    _assert_clean(run_cli("rewrite", MLP, "-o", out, "--json", *swap, option, value), out)
+    _assert_clean(run_cli("rewrite", MLP, "-o", out, "--json", "--batch-size", "8", *swap,
+                          option, value), out)
