@@ -111,8 +111,9 @@ def load_model(
 
 def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
     directory = path if path.is_dir() else path.parent
-    check_tree(directory)  # all of it is copied to the output
     pb, pbtxt = directory / SAVED_MODEL_FILES[0], directory / SAVED_MODEL_FILES[1]
+    if pb.exists() or pbtxt.exists():
+        check_tree(directory)  # all of it is copied to the output
     if pb.exists():
         saved = _parse(read_file_bytes(pb), protos.SavedModel(), False, pb, "SavedModel")
         text = False

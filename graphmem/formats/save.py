@@ -115,13 +115,13 @@ def _pb_name(model: LoadedModel) -> str:
 
 def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool, pb_data: bytes) -> Path:
     source = model.path
+    if os.path.lexists(out) and (out.is_symlink() or not _is_saved_model_dir(out)):
+        raise InputError(f"output {out} exists and is not a SavedModel directory")
     if out.resolve() == source.resolve():
         raise InputError("refusing to overwrite the input SavedModel; choose another -o")
     if source.resolve() in out.resolve().parents:
         raise InputError(f"refusing to write {out} inside the input SavedModel; choose "
                          "another -o")
-    if os.path.lexists(out) and (out.is_symlink() or not _is_saved_model_dir(out)):
-        raise InputError(f"output {out} exists and is not a SavedModel directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
