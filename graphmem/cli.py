@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-from graphmem import __version__, options
+from graphmem import __version__
+from graphmem import options as valid  # option value checks
 from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
@@ -33,9 +34,9 @@ def model_options(fn):
     fn = click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")(fn)
     fn = click.option("--function", help="Work on this function of the graph's library "
                                          "(TF2 train steps live there).")(fn)
-    fn = click.option("--batch-size", type=options.BATCH_SIZE,
+    fn = click.option("--batch-size", type=valid.BATCH_SIZE,
                       help="Size of unknown leading (batch) dimensions.")(fn)
-    fn = click.option("--backward-scope", multiple=True, metavar="REGEX", type=options.REGEX,
+    fn = click.option("--backward-scope", multiple=True, metavar="REGEX", type=valid.REGEX,
                       help="Name scope(s) of the backward pass (default: gradients*/ and "
                            "gradient_tape/). Repeatable.")(fn)
     return fn
@@ -48,7 +49,7 @@ def estimate_options(fn):
                            "TF1 graphs, needs TensorFlow).")(fn)
     fn = click.option("--plot", type=click.Path(), metavar="FILE.svg|FILE.png",
                       help="Draw estimated memory over the step.")(fn)
-    fn = click.option("--max-peak", metavar="SIZE", type=options.SIZE,
+    fn = click.option("--max-peak", metavar="SIZE", type=valid.SIZE,
                       help="Exit 1 when the estimated step peak is above SIZE (e.g. 1.5GiB, "
                            "300MB): a CI gate.")(fn)
     return fn
@@ -60,15 +61,15 @@ def swap_options(fn):
         click.option("--swap", is_flag=True,
                      help="Swap saved activations to host memory and back (with a recompute "
                           "policy: swap its checkpoints)."),
-        click.option("--swap-threshold", metavar="SIZE", default="0", type=options.SIZE,
+        click.option("--swap-threshold", metavar="SIZE", default="0", type=valid.SIZE,
                      help="Swap only tensors at least this large (e.g. 4MiB)."),
-        click.option("--swap-max-tensors", type=options.COUNT, metavar="N",
+        click.option("--swap-max-tensors", type=valid.COUNT, metavar="N",
                      help="Swap at most N tensors (earliest in the forward pass first)."),
-        click.option("--swap-include", multiple=True, metavar="REGEX", type=options.REGEX,
+        click.option("--swap-include", multiple=True, metavar="REGEX", type=valid.REGEX,
                      help="Only swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-exclude", multiple=True, metavar="REGEX", type=options.REGEX,
+        click.option("--swap-exclude", multiple=True, metavar="REGEX", type=valid.REGEX,
                      help="Never swap tensors whose op name or type matches. Repeatable."),
-        click.option("--swap-start", multiple=True, metavar="SCOPE", type=options.SCOPE,
+        click.option("--swap-start", multiple=True, metavar="SCOPE", type=valid.SCOPE,
                      help="Start the forward walk at these scopes or op names (default: the "
                           "whole forward pass). Repeatable."),
         click.option("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
@@ -79,7 +80,7 @@ def swap_options(fn):
         click.option("--swap-branches", is_flag=True,
                      help="Also swap for forward readers far from the producer."),
         click.option("--swap-branch-threshold", default=20, show_default=True, metavar="N",
-                     type=options.NON_NEGATIVE,
+                     type=valid.NON_NEGATIVE,
                      help="Topological distance that makes a forward reader far."),
         click.option("--device", "swap_device", metavar="DEVICE",
                      help="Device whose memory is saved (default: each tensor's own)."),
@@ -99,7 +100,7 @@ def _swap_options_from(kw: dict):
     from graphmem.passes.swap import SwapOptions
     from graphmem.units import parse_size
 
-    lb, ub = options.parse_ahead(kw.pop("swap_in_ahead"))
+    lb, ub = valid.parse_ahead(kw.pop("swap_in_ahead"))
     return SwapOptions(
         threshold=parse_size(kw.pop("swap_threshold")),
         max_tensors=kw.pop("swap_max_tensors"),
@@ -195,7 +196,7 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 @click.argument("model", type=click.Path())
 @model_options
 @estimate_options
-@click.option("--top", default=10, show_default=True, type=options.NON_NEGATIVE,
+@click.option("--top", default=10, show_default=True, type=valid.NON_NEGATIVE,
               help="How many of the largest to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @handles_errors
@@ -206,7 +207,7 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
 
     limit = _parse_max_peak(max_peak)
     if plot:
-        options.check_plot(plot, model)
+        valid.check_plot(plot, model)
     ws = _open(model, fmt, tag, function, batch_size)
     facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
                             keep_timeline=bool(plot))
@@ -236,11 +237,11 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, plo
                                             "none"]),
               help="How checkpoints are chosen (default: memory; none with --swap; budget "
                    "with --budget).")
-@click.option("--budget", metavar="SIZE|FRACTION", type=options.BUDGET,
+@click.option("--budget", metavar="SIZE|FRACTION", type=valid.BUDGET,
               help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
                    "(2GiB) or FRACTION of the original peak (0.5).")
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN",
-              type=options.PATTERN,
+              type=valid.PATTERN,
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
 @swap_options
@@ -269,9 +270,9 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    options.check_output(output, "output", model)
+    valid.check_output(output, "output", model)
     if plot:
-        options.check_plot(plot, model, others=(output,))
+        valid.check_plot(plot, model, others=(output,))
     limit = _parse_max_peak(max_peak)
     swap = _swap_options_from(swap_kw)
     if budget is not None and policy not in (None, "budget"):
@@ -280,13 +281,12 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
                         "none" if swap and not patterns else "memory")
     if policy == "budget" and not budget:
         raise UsageError("--policy budget needs --budget SIZE or FRACTION (e.g. 2GiB, 0.5)")
-    rewrite_options = RewriteOptions(policy, list(patterns), batch_size,
-                                     list(backward_scope) or None,
+    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
                              grappler, keep_timeline=bool(plot), swap=swap,
                              keep_worse=keep_worse, early_updates=early_updates,
                              budget=budget, recompute_loops=recompute_loops,
                              loop_recompute=loop_bodies)
-    result = rewrite_file(model, output, rewrite_options, fmt, tag, function)
+    result = rewrite_file(model, output, options, fmt, tag, function)
     if plot:
         from graphmem.report.plot import Series, write_plot
 
@@ -321,25 +321,25 @@ def rewrite(model, output, fmt, tag, function, batch_size, backward_scope, polic
 @click.argument("rewritten", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format of both.")
 @click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
-@click.option("--steps", default=5, show_default=True, type=options.COUNT,
+@click.option("--steps", default=5, show_default=True, type=valid.COUNT,
               help="Training steps to run on each graph.")
-@click.option("--warmup", default=0, show_default=True, type=options.NON_NEGATIVE,
+@click.option("--warmup", default=0, show_default=True, type=valid.NON_NEGATIVE,
               help="Steps to run (and compare) before the measured ones; 120 measures TF's "
                    "steady state (its executor runs small ops differently for ~90 steps).")
-@click.option("--batch-size", default=8, show_default=True, type=options.BATCH_SIZE,
+@click.option("--batch-size", default=8, show_default=True, type=valid.BATCH_SIZE,
               help="Size of unknown batch dimensions in random feeds.")
 @click.option("--feed", "feeds", multiple=True, metavar="NAME=FILE.npy",
               help="Feed a placeholder from a .npy file instead of random data.")
 @click.option("--train-op", help="The op one training step runs (default: `train_op` "
                                  "collection, or the optimizer's last op).")
 @click.option("--loss", help="The loss tensor (default: `losses` collection, or found).")
-@click.option("--rtol", default=1e-5, show_default=True, type=options.TOLERANCE,
+@click.option("--rtol", default=1e-5, show_default=True, type=valid.TOLERANCE,
               help="Relative tolerance.")
-@click.option("--atol", default=1e-6, show_default=True, type=options.TOLERANCE,
+@click.option("--atol", default=1e-6, show_default=True, type=valid.TOLERANCE,
               help="Absolute tolerance.")
-@click.option("--threads", default=1, show_default=True, type=options.COUNT,
+@click.option("--threads", default=1, show_default=True, type=valid.COUNT,
               help="inter_op_parallelism_threads for both sessions.")
-@click.option("--seed", default=0, show_default=True, type=options.SEED,
+@click.option("--seed", default=0, show_default=True, type=valid.SEED,
               help="Seed of the random feeds.")
 @click.option("--exact", is_flag=True,
               help="Demand bit-identical training: zero tolerances, and Grappler off (a "
@@ -393,7 +393,7 @@ def differs_message(result, exact: bool) -> str:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format.")
 @click.option("--tag", help="SavedModel MetaGraphDef tags, comma separated.")
 @click.option("--function", help="Work on this function of the graph's library.")
-@click.option("--batch-size", type=options.BATCH_SIZE,
+@click.option("--batch-size", type=valid.BATCH_SIZE,
               help="Size of unknown leading (batch) dimensions.")
 @click.option("--points", default=8, show_default=True, type=click.IntRange(min=2, max=64),
               help="Budgets between the smallest reachable peak and the original peak.")
@@ -407,7 +407,7 @@ def plan(model, fmt, tag, function, batch_size, points, plot, as_json):
     from graphmem.plan import tradeoff
 
     if plot:
-        options.check_plot(plot, model)
+        valid.check_plot(plot, model)
     result = tradeoff(model, batch_size, fmt, tag, function, points)
     if plot:
         from graphmem.report.plot import write_tradeoff_plot
