@@ -224,7 +224,7 @@ def test_the_compiled_and_python_readers_agree_on_any_graph(graph, monkeypatch):
 
 
 @pytest.mark.skipif(native is None, reason="graphmem._native is not built")
-@fuzz(8)
+@fuzz(30)
 @given(meta=graph_edits())
 def test_the_compiled_and_python_readers_agree_on_edited_fixtures(meta, monkeypatch):
     model = load_model(MLP)
