@@ -51,6 +51,10 @@ static int grow(void **items, Py_ssize_t *cap, Py_ssize_t need, size_t item_size
 #define MAX_INTERNAL_FRAGMENTATION (128LL << 20)
 #define INITIAL_REGION (2LL << 20)
 #define REGION_GAP (1LL << 12)
+/* Regions stop growing here (4 PiB; bfc.py's MAX_REGION): every address, size and sum of
+ * them stays far inside 64 bits, and a replay past it fails instead of doubling forever. */
+#define MAX_REGION (1LL << 52)
+static const char TOO_BIG[] = "the step needs more than 4 PiB on one device";
 
 typedef struct {
     int64_t size, addr;
@@ -159,9 +163,13 @@ static int drop_chunk(BFC *a, int32_t id) {
 
 static int bfc_extend(BFC *a, int64_t need) {
     int grew = 0;
-    while (need > a->region_bytes) {
+    while (need > a->region_bytes && a->region_bytes <= MAX_REGION) {
         a->region_bytes *= 2;
         grew = 1;
+    }
+    if (a->region_bytes > MAX_REGION) { /* bfc.py's _extend raises the same */
+        PyErr_SetString(PyExc_OverflowError, TOO_BIG);
+        return -1;
     }
     int32_t id = new_chunk(a, a->next_base, a->region_bytes);
     if (id < 0) return -1;
@@ -173,6 +181,10 @@ static int bfc_extend(BFC *a, int64_t need) {
 
 /* BFCAllocator.allocate: the chunk id handed out, -1 on error */
 static int32_t bfc_allocate(BFC *a, int64_t nbytes) {
+    if (nbytes > MAX_REGION) { /* no region holds it (and rounding up could overflow) */
+        PyErr_SetString(PyExc_OverflowError, TOO_BIG);
+        return -1;
+    }
     int64_t need = (nbytes + MIN_ALLOCATION - 1) & -(int64_t)MIN_ALLOCATION;
     if (need < MIN_ALLOCATION) need = MIN_ALLOCATION;
     int first = bin_of(need);
@@ -777,6 +789,8 @@ static Py_ssize_t node_named(const Distinct *names, const Slice *name_of, Slice 
     return k < 0 ? -1 : names->reps[k];
 }
 
+#define INDEX_LIMIT 1000000000000000000LL
+
 static Py_ssize_t resolve_input(const Distinct *t, const Slice *name_of, Slice in,
                                 long long *k) {
     Py_ssize_t src = node_named(t, name_of, in); /* the common case: output 0, written bare */
@@ -789,14 +803,17 @@ static Py_ssize_t resolve_input(const Distinct *t, const Slice *name_of, Slice i
     }
     Py_ssize_t colon = in.n - 1;
     while (colon >= 0 && in.p[colon] != ':') colon--;
-    Py_ssize_t digits = in.n - colon - 1;
-    if (colon < 0 || digits < 1 || digits > 9) return -1;
+    if (colon < 0 || colon == in.n - 1) return -1;
+    /* ASCII digits, leading zeros allowed, saturated at INDEX_LIMIT (graph/names.py's
+     * output_index: both readers give every input string the same index) */
     long long v = 0;
+    Py_ssize_t significant = 0;
     for (Py_ssize_t i = colon + 1; i < in.n; i++) {
         if (in.p[i] < '0' || in.p[i] > '9') return -1;
-        v = v * 10 + (in.p[i] - '0');
+        if (v || in.p[i] != '0') significant++;
+        if (significant <= 18) v = v * 10 + (in.p[i] - '0');
     }
-    *k = v;
+    *k = significant > 18 ? INDEX_LIMIT : v;
     Slice name = {in.p, colon};
     return node_named(t, name_of, name);
 }
@@ -1054,6 +1071,65 @@ static int same_signature(const void *ctx, Py_ssize_t a, const void *key) {
     }
 }
 
+/* An attr entry's key and value, and the value as the OpDef check reads it: a shape's or a
+ * tensor's contents are not read (only that it is one), anything else is. */
+static int check_view(Slice entry, Slice *key, uint64_t *kind, Slice *kept) {
+    const unsigned char *q = (const unsigned char *)entry.p, *qend = q + entry.n;
+    Slice value = {NULL, 0}, field;
+    uint64_t number;
+    int f;
+    key->p = NULL;
+    key->n = 0;
+    while ((f = next_bytes_field(&q, qend, &number, &field)) > 0) {
+        if (number == 1) *key = field;
+        else if (number == 2) value = field;
+    }
+    if (f < 0) return -1;
+    *kind = 0;
+    *kept = value;
+    const unsigned char *v = (const unsigned char *)value.p, *vend = v + value.n;
+    uint64_t tag;
+    if (value.n && read_varint(&v, vend, &tag) == 0 && ((tag >> 3) == 7 || (tag >> 3) == 8)) {
+        *kind = tag >> 3; /* AttrValue.shape, AttrValue.tensor */
+        kept->n = 0;
+    }
+    return 0;
+}
+
+/* The next attr the check reads (not `_output_shapes` nor any other internal `_` attr),
+ * as check_view sees it (-1 malformed, 0 none). */
+static int next_checked_attr(const unsigned char **p, const unsigned char *end, Slice *key,
+                             uint64_t *kind, Slice *kept) {
+    Slice entry;
+    int r;
+    while ((r = next_attr(p, end, &entry, NULL, NULL)) > 0) {
+        if (check_view(entry, key, kind, kept) < 0) return -1;
+        if (!(key->n && key->p[0] == '_')) return 1;
+    }
+    return r;
+}
+
+/* nodes a and *key: the same op and the same attrs as check_view sees them, in order */
+static int same_check_signature(const void *ctx, Py_ssize_t a, const void *key) {
+    const NodeSlices *nodes = ctx;
+    Py_ssize_t b = *(const Py_ssize_t *)key;
+    Slice oa = nodes[a].op, ob = nodes[b].op;
+    if (oa.n != ob.n || memcmp(oa.p, ob.p, (size_t)oa.n)) return 0;
+    const unsigned char *p = (const unsigned char *)nodes[a].node.p, *pend = p + nodes[a].node.n;
+    const unsigned char *q = (const unsigned char *)nodes[b].node.p, *qend = q + nodes[b].node.n;
+    for (;;) {
+        Slice ka, kb, va, vb;
+        uint64_t ta, tb;
+        int ra = next_checked_attr(&p, pend, &ka, &ta, &va);
+        int rb = next_checked_attr(&q, qend, &kb, &tb, &vb);
+        if (ra != rb || ra < 0) return 0;
+        if (!ra) return 1;
+        if (ta != tb || ka.n != kb.n || va.n != vb.n || memcmp(ka.p, kb.p, (size_t)ka.n) ||
+            memcmp(va.p, vb.p, (size_t)va.n))
+            return 0;
+    }
+}
+
 static uint64_t mix(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     h ^= h >> 33;
@@ -1063,8 +1139,11 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 
 /* read_attrs(serialized GraphDef, start) -> (signature of each node from start on,
  * representative node of each signature, `_output_shapes` value of each node (-1: none),
- * the distinct values as bytes). A signature is the op and every attr but
- * `_output_shapes`: what a node's output dtypes and statefulness can depend on. */
+ * the distinct values as bytes, the check signature of each node from start on, the
+ * representative node of each). A signature is the op and every attr but
+ * `_output_shapes`: what a node's output dtypes and statefulness can depend on. A check
+ * signature leaves out the contents of shape and tensor attrs too: what the OpDef check
+ * (graph/opdef_check.py) reads, grouping a graph's constants by dtype. */
 static PyObject *read_attrs(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t start;
@@ -1072,33 +1151,46 @@ static PyObject *read_attrs(PyObject *self, PyObject *args) {
     const unsigned char *p = buf.buf, *end = p + buf.len;
     NodeSlices *nodes = NULL;
     Slice *shapes_of = NULL; /* per node: its `_output_shapes` value */
-    Py_ssize_t n = 0, *sig_of = NULL, *shape_of = NULL;
-    Distinct sigs, shapes;
+    Py_ssize_t n = 0, *sig_of = NULL, *shape_of = NULL, *check_of = NULL;
+    Distinct sigs, shapes, checks;
     memset(&sigs, 0, sizeof(sigs));
     memset(&shapes, 0, sizeof(shapes));
+    memset(&checks, 0, sizeof(checks));
     PyObject *result = NULL, *values = NULL;
     if (scan_nodes(p, end, &nodes, &n, NULL, NULL) < 0) goto done;
     if (start < 0 || start > n) start = n;
     sig_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
     shape_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
     shapes_of = PyMem_Calloc((size_t)n + 1, sizeof(Slice));
-    if (!sig_of || !shape_of || !shapes_of) {
+    check_of = PyMem_Malloc(((size_t)(n - start) + 1) * sizeof(Py_ssize_t));
+    if (!sig_of || !shape_of || !shapes_of || !check_of) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = start; i < n; i++) {
-        uint64_t h = slice_hash(nodes[i].op);
+        uint64_t h = slice_hash(nodes[i].op), hc = h;
         const unsigned char *q = (const unsigned char *)nodes[i].node.p;
         const unsigned char *qend = q + nodes[i].node.n;
-        Slice entry;
+        Slice entry, key, kept;
+        uint64_t kind;
         int r, has_shapes = 0;
-        while ((r = next_attr(&q, qend, &entry, &shapes_of[i], &has_shapes)) > 0)
+        while ((r = next_attr(&q, qend, &entry, &shapes_of[i], &has_shapes)) > 0) {
             h = mix(h, slice_hash(entry));
+            if (check_view(entry, &key, &kind, &kept) < 0) {
+                r = -1;
+                break;
+            }
+            if (key.n && key.p[0] == '_') continue; /* internal attrs: the check skips them */
+            hc = mix(mix(mix(hc, slice_hash(key)), kind), slice_hash(kept));
+        }
         if (r < 0) {
             PyErr_SetString(PyExc_ValueError, MALFORMED);
             goto done;
         }
         if ((sig_of[i - start] = distinct_id(&sigs, h, i, same_signature, nodes, &i)) < 0)
+            goto done;
+        if ((check_of[i - start] = distinct_id(&checks, hc, i, same_check_signature, nodes,
+                                               &i)) < 0)
             goto done;
         shape_of[i - start] = -1;
         if (has_shapes &&
@@ -1113,15 +1205,18 @@ static PyObject *read_attrs(PyObject *self, PyObject *args) {
         if (!b) goto done;
         PyList_SET_ITEM(values, k, b);
     }
-    result = Py_BuildValue("(NNNO)", int_list(sig_of, n - start), int_list(sigs.reps, sigs.count),
-                           int_list(shape_of, n - start), values);
+    result = Py_BuildValue("(NNNONN)", int_list(sig_of, n - start), int_list(sigs.reps, sigs.count),
+                           int_list(shape_of, n - start), values,
+                           int_list(check_of, n - start), int_list(checks.reps, checks.count));
 done:
     PyMem_Free(nodes);
     PyMem_Free(shapes_of);
     PyMem_Free(sig_of);
     PyMem_Free(shape_of);
+    PyMem_Free(check_of);
     distinct_clear(&sigs);
     distinct_clear(&shapes);
+    distinct_clear(&checks);
     Py_XDECREF(values);
     PyBuffer_Release(&buf);
     return result;

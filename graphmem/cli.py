@@ -16,6 +16,7 @@ import rich_click as click
 from click import exceptions as click_exceptions
 
 from graphmem import __version__
+from graphmem import options as valid  # option value checks
 from graphmem.errors import GraphmemError, UsageError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
@@ -53,10 +54,11 @@ def model_options(fn):
         click.option("--function", panel=MODEL,
                      help="Work on this function of the graph's library (TF2 train steps live "
                           "there; found when only one holds a backward pass)."),
-        click.option("--batch-size", type=click.IntRange(min=1), metavar="N", panel=MODEL,
+        click.option("--batch-size", type=valid.BATCH_SIZE, metavar="N", panel=MODEL,
                      help="Size of unknown leading (batch) dimensions. Needed when sizes "
                           "depend on one and neither the model nor a --feed fixes it."),
-        click.option("--backward-scope", multiple=True, metavar="REGEX", panel=MODEL,
+        click.option("--backward-scope", multiple=True, metavar="REGEX", type=valid.REGEX,
+                     panel=MODEL,
                      help="Name scope(s) of the backward pass (default: gradients*/ and "
                           "gradient_tape/). Repeatable."),
     ]
@@ -67,7 +69,7 @@ def model_options(fn):
 
 def estimate_options(fn):
     """Options about the memory estimate, shared by inspect and rewrite."""
-    fn = click.option("--max-peak", metavar="SIZE", panel=ESTIMATE,
+    fn = click.option("--max-peak", metavar="SIZE", type=valid.SIZE, panel=ESTIMATE,
                       help="Exit 1 when the estimated step peak is above SIZE (e.g. 1.5GiB, "
                            "300MB): a CI gate.")(fn)
     fn = click.option("--grappler", is_flag=True, panel=ESTIMATE,
@@ -96,15 +98,15 @@ def swap_options(fn):
         swap("--swap", is_flag=True,
                      help="Swap saved activations to host memory and back (with a recompute "
                           "policy: swap its checkpoints)."),
-        swap("--swap-threshold", metavar="SIZE", default="0",
+        swap("--swap-threshold", metavar="SIZE", default="0", type=valid.SIZE,
                      help="Swap only tensors at least this large (e.g. 4MiB)."),
-        swap("--swap-max-tensors", type=click.IntRange(min=1), metavar="N",
+        swap("--swap-max-tensors", type=valid.COUNT, metavar="N",
                      help="Swap at most N tensors (earliest in the forward pass first)."),
-        swap("--swap-include", multiple=True, metavar="REGEX",
+        swap("--swap-include", multiple=True, metavar="REGEX", type=valid.REGEX,
                      help="Only swap tensors whose op name or type matches. Repeatable."),
-        swap("--swap-exclude", multiple=True, metavar="REGEX",
+        swap("--swap-exclude", multiple=True, metavar="REGEX", type=valid.REGEX,
                      help="Never swap tensors whose op name or type matches. Repeatable."),
-        swap("--swap-start", multiple=True, metavar="SCOPE",
+        swap("--swap-start", multiple=True, metavar="SCOPE", type=valid.SCOPE,
                      help="Start the forward walk at these scopes or op names (default: the "
                           "whole forward pass). Repeatable."),
         swap("--swap-in-ahead", default="1:10", show_default=True, metavar="LB:UB",
@@ -115,6 +117,7 @@ def swap_options(fn):
         swap("--swap-branches", is_flag=True,
                      help="Also swap for forward readers far from the producer."),
         swap("--swap-branch-threshold", default=20, show_default=True, metavar="N",
+             type=valid.NON_NEGATIVE,
                      help="Topological distance that makes a forward reader far."),
         swap("--device", "swap_device", metavar="DEVICE",
                      help="Device whose memory is saved (default: each tensor's own)."),
@@ -131,18 +134,15 @@ def _swap_options_from(kw: dict):
         for key in list(kw):
             kw.pop(key)
         return None
-    from graphmem.errors import UsageError
     from graphmem.passes.swap import SwapOptions
     from graphmem.units import parse_size
 
-    lb, sep, ub = kw.pop("swap_in_ahead").partition(":")
-    if not sep or not lb.isdigit() or not ub.isdigit() or int(lb) > int(ub):
-        raise UsageError("--swap-in-ahead wants LB:UB with 0 <= LB <= UB, e.g. 1:10")
+    lb, ub = valid.parse_ahead(kw.pop("swap_in_ahead"))
     return SwapOptions(
         threshold=parse_size(kw.pop("swap_threshold")),
         max_tensors=kw.pop("swap_max_tensors"),
         include=list(kw.pop("swap_include")), exclude=list(kw.pop("swap_exclude")),
-        start=list(kw.pop("swap_start")), ahead=(int(lb), int(ub)),
+        start=list(kw.pop("swap_start")), ahead=(lb, ub),
         fuse=kw.pop("swap_fuse"), branches=kw.pop("swap_branches"),
         branch_threshold=kw.pop("swap_branch_threshold"), device=kw.pop("swap_device"),
         host=kw.pop("host_device"))
@@ -190,29 +190,6 @@ def handles_errors(fn):
                        "(set GRAPHMEM_DEBUG=1 for a traceback)", err=True)
             sys.exit(3)
     return wrapper
-
-
-def _check_plot(target, model=None) -> None:
-    """--plot FILE, checked before any work so that a bad one leaves nothing written: a
-    suffix the plotter writes, matplotlib for PNG (found, not imported), a directory that
-    exists. (graphmem.options.check_plot does the same and more where it exists.)"""
-    try:
-        from graphmem.options import check_plot
-    except ImportError:
-        pass
-    else:
-        check_plot(target, model)
-        return
-    from importlib.util import find_spec
-
-    from graphmem.formats.save import check_output_location
-
-    suffix = Path(target).suffix.lower()
-    if suffix not in (".svg", ".png"):
-        raise UsageError(f"--plot writes .svg or .png files, not {Path(target).name!r}")
-    if suffix == ".png" and find_spec("matplotlib") is None:
-        raise UsageError("PNG plots need matplotlib (pip install matplotlib); or write an .svg")
-    check_output_location(target, "--plot")
 
 
 class Progress:
@@ -297,6 +274,7 @@ def _open(model: str, fmt, tag, function, batch_size=None):
 @model_options
 @estimate_options
 @click.option("--top", default=10, show_default=True, metavar="N", panel=OUTPUT,
+              type=valid.NON_NEGATIVE,
               help="How many of the largest to list.")
 @plot_option("Draw estimated memory over the step.")
 @json_option
@@ -311,7 +289,7 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 
     limit = _parse_max_peak(max_peak)
     if plot:
-        _check_plot(plot, model)
+        valid.check_plot(plot, model)
     with _progress(as_json) as progress:
         progress.stage("reading the model")
         ws = _open(model, fmt, tag, function, batch_size)
@@ -350,10 +328,11 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 @click.option("--policy", type=click.Choice(POLICIES), metavar="NAME", panel=POLICY,
               help="How checkpoints are chosen: " + ", ".join(POLICIES) + " (default: memory; "
                    "none with --swap; budget with --budget).")
-@click.option("--budget", metavar="SIZE|FRACTION", panel=POLICY,
+@click.option("--budget", metavar="SIZE|FRACTION", type=valid.BUDGET, panel=POLICY,
               help="With --policy budget: the cheapest plan whose estimated peak fits SIZE "
                    "(2GiB) or FRACTION of the original peak (0.5).")
 @click.option("--checkpoints", "patterns", multiple=True, metavar="PATTERN", panel=POLICY,
+              type=valid.PATTERN,
               help="Keep tensors whose name contains PATTERN or matches it as a regex "
                    "(implies --policy names). Repeatable.")
 @click.option("--early-updates/--no-early-updates", default=True, show_default=True,
@@ -382,13 +361,12 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
             early_updates, recompute_loops, loop_bodies, keep_worse, grappler, max_peak,
             output, plot, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
-    from graphmem.formats.save import check_output_location
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
     # every option is checked before any work: a usage error (exit 2) writes nothing
-    check_output_location(output)
+    valid.check_output(output, "output", model)
     if plot:
-        _check_plot(plot, model)
+        valid.check_plot(plot, model, others=(output,))
     limit = _parse_max_peak(max_peak)
     swap = _swap_options_from(swap_kw)
     if budget is not None and policy not in (None, "budget"):
@@ -440,10 +418,10 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
 @click.argument("original", type=click.Path())
 @click.argument("rewritten", type=click.Path())
 @model_options
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), metavar="N",
+@click.option("--steps", default=5, show_default=True, type=valid.COUNT, metavar="N",
               panel=TRAINING,
               help="Training steps to run on each graph.")
-@click.option("--warmup", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--warmup", default=0, show_default=True, type=valid.NON_NEGATIVE,
               metavar="N", panel=TRAINING,
               help="Steps to train (and compare) before the measured ones. TensorFlow runs "
                    "small ops differently for a training run's first ~90 steps; 120 measures "
@@ -456,13 +434,13 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
                    "optimizer's last op).")
 @click.option("--loss", panel=TRAINING,
               help="The loss tensor (default: `losses` collection, or found).")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--threads", default=1, show_default=True, type=valid.COUNT,
               metavar="N", panel=TRAINING, help="inter_op_parallelism_threads for both sessions.")
-@click.option("--seed", default=0, show_default=True, panel=TRAINING,
+@click.option("--seed", default=0, show_default=True, type=valid.SEED, panel=TRAINING,
               help="Seed of the random feeds.")
-@click.option("--rtol", default=1e-5, show_default=True, panel=COMPARE,
+@click.option("--rtol", default=1e-5, show_default=True, type=valid.TOLERANCE, panel=COMPARE,
               help="Relative tolerance.")
-@click.option("--atol", default=1e-6, show_default=True, panel=COMPARE,
+@click.option("--atol", default=1e-6, show_default=True, type=valid.TOLERANCE, panel=COMPARE,
               help="Absolute tolerance.")
 @click.option("--exact", is_flag=True, panel=COMPARE,
               help="Demand bit-identical training: zero tolerances, and Grappler off (a "
@@ -539,7 +517,7 @@ def plan(model, fmt, tag, function, batch_size, backward_scope, points, plot, as
     from graphmem.plan import tradeoff
 
     if plot:
-        _check_plot(plot, model)
+        valid.check_plot(plot, model)
     with _progress(as_json) as progress:
         result = tradeoff(model, batch_size, fmt, tag, function, points,
                           list(backward_scope) or None, on_stage=progress.stage)

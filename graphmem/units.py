@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from graphmem.errors import UsageError
@@ -9,6 +10,7 @@ from graphmem.errors import UsageError
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2,
           "gib": 1024**3, "tib": 1024**4}
+MAX_SIZE = 2**63 - 1  # what a 64-bit byte count holds
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -19,7 +21,10 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise UsageError(f"cannot read size {text!r}: use a number with an optional unit "
                          "(B, KB, MB, GB, KiB, MiB, GiB), e.g. 1.5GiB or 300MB")
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(value) or value >= 2.0**63:
+        raise UsageError(f"size {text!r} is too large (at most {MAX_SIZE} bytes)")
+    return int(value)
 
 
 def format_bytes(n: int | None) -> str:

@@ -34,6 +34,7 @@ NUM_BINS = 21
 MAX_INTERNAL_FRAGMENTATION = 128 << 20
 INITIAL_REGION = 2 << 20
 _REGION_GAP = 1 << 12  # regions are separate allocations: never adjacent
+MAX_REGION = 1 << 52  # no bigger region: sizes stay inside the C replay's 64 bits
 
 
 @dataclass
@@ -55,6 +56,17 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
     second is the one measured, from what was in use when it began. Events, in order:
     (buffer, device, bytes, position) allocates, (buffer, None) frees, (position,) marks an
     op running (for the timeline). `host`'s allocator is left out of `peak`."""
+    try:
+        return _replay_step(events, persistent, host, keep_timeline)
+    except OverflowError:  # absurd sizes: a huge batch size or `_output_shapes` dim
+        from graphmem.errors import InputError
+
+        raise InputError("cannot estimate memory: the step needs more than 4 PiB on one "
+                         "device (check --batch-size and the graph's shapes)") from None
+
+
+def _replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: str | None,
+                 keep_timeline: bool) -> StepPeaks:
     if native is not None:
         peak, peak_pos, peak_dev, host_peak, timeline = native.replay_step(
             events, persistent, host, keep_timeline)
@@ -234,9 +246,11 @@ class BFCAllocator:
     # ---- internals ------------------------------------------------------------------
     def _extend(self, need: int) -> None:
         grew = False
-        while need > self.region_bytes:
+        while need > self.region_bytes and self.region_bytes <= MAX_REGION:
             self.region_bytes *= 2
             grew = True
+        if self.region_bytes > MAX_REGION:  # as _native.c's bfc_extend
+            raise OverflowError("the step needs more than 4 PiB on one device")
         addr = self._next_base
         self._next_base += self.region_bytes + _REGION_GAP
         self._size[addr] = self._free[addr] = self.region_bytes

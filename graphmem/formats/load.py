@@ -13,6 +13,7 @@ from google.protobuf.text_format import ParseError
 
 from graphmem import protos
 from graphmem.errors import InputError
+from graphmem.formats.files import check_tree, stat_input
 from graphmem.formats.model import Format, LoadedModel
 from graphmem.graph.function_view import functions_named
 
@@ -46,8 +47,11 @@ def detect_format(path: Path) -> Format:
 
 def _head_text(path: Path) -> str | None:
     """The file's first bytes as text, or None when they are binary."""
-    with path.open("rb") as fh:
-        head = fh.read(4096)
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError:
@@ -83,8 +87,7 @@ def load_model(
     function: str | None = None,
 ) -> LoadedModel:
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"no such file or directory: {path}")
+    stat_input(path)  # before any read: a named pipe would block it
     fmt = Format(fmt) if fmt else detect_format(path)
     if fmt == Format.SAVED_MODEL:
         model = _load_saved_model(path, tag)
@@ -135,6 +138,8 @@ def load_message(message: Message, function: str | None = None,
 def _load_saved_model(path: Path, tag: str | None) -> LoadedModel:
     directory = path if path.is_dir() else path.parent
     pb, pbtxt = directory / SAVED_MODEL_FILES[0], directory / SAVED_MODEL_FILES[1]
+    if pb.exists() or pbtxt.exists():
+        check_tree(directory)  # all of it is copied to the output
     if pb.exists():
         saved = _parse(read_file_bytes(pb), protos.SavedModel(), False, pb, "SavedModel")
         text = False

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
 from graphmem import protos
 from graphmem.errors import InputError
+from graphmem.formats.files import file_kind
 from graphmem.formats.load import read_file_bytes
 from graphmem.formats.model import Format, LoadedModel
 
@@ -39,16 +41,42 @@ def check_output_location(target: str | Path, what: str = "output") -> None:
 
 
 def write_atomic(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    """Write `data` to a temporary file beside `target` and rename it over `target`, which
+    must be nothing yet or a regular file: renaming over a device node (-o /dev/null as
+    root) or a symlink would destroy it. OSErrors (a full disk, a name too long) are
+    InputErrors naming the target."""
+    target = Path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _check_replaceable(target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _write_error(target, exc) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
+        _check_replaceable(target)  # again: something may have appeared there meanwhile
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _write_error(target, exc) from None
         raise
+
+
+def _check_replaceable(target: Path) -> None:
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"refusing to replace {target}: it is {file_kind(st.st_mode)}, not "
+                         "a regular file")
+
+
+def _write_error(target: Path, exc: OSError) -> InputError:
+    return InputError(f"cannot write {target}: {exc.strerror or exc}")
 
 
 def _umask() -> int:
@@ -87,12 +115,18 @@ def _pb_name(model: LoadedModel) -> str:
 
 def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool, pb_data: bytes) -> Path:
     source = model.path
+    if os.path.lexists(out) and (out.is_symlink() or not _is_saved_model_dir(out)):
+        raise InputError(f"output {out} exists and is not a SavedModel directory")
     if out.resolve() == source.resolve():
         raise InputError("refusing to overwrite the input SavedModel; choose another -o")
-    if out.exists() and not (out.is_dir() and _is_saved_model_dir(out)):
-        raise InputError(f"output {out} exists and is not a SavedModel directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    if source.resolve() in out.resolve().parents:
+        raise InputError(f"refusing to write {out} inside the input SavedModel; choose "
+                         "another -o")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise _write_error(out, exc) from None
     try:
         for entry in source.iterdir():
             if entry.name in ("saved_model.pb", "saved_model.pbtxt"):
@@ -112,11 +146,20 @@ def _save_saved_model(model: LoadedModel, out: Path, rewritten: bool, pb_data: b
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, (OSError, shutil.Error)):
+            raise InputError(f"cannot write {out}: {_copy_reason(exc)}") from None
         raise
     return out
 
 
+def _copy_reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split())[:200]
+
+
 def _is_saved_model_dir(path: Path) -> bool:
-    return any((path / n).exists() for n in ("saved_model.pb", "saved_model.pbtxt"))
+    return path.is_dir() and any((path / n).is_file()
+                                 for n in ("saved_model.pb", "saved_model.pbtxt"))

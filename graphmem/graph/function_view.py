@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from graphmem import protos
 from graphmem.errors import InputError
+from graphmem.graph.names import output_index
 from graphmem.graph.opdefs import OpRegistry
 
 ARG_OP, RETVAL_OP = "_Arg", "_Retval"
@@ -72,7 +73,11 @@ class FunctionView:
             return text  # an argument, read by bare name
         if len(parts) == 2 and parts[0] in self.arg_names:
             return parts[0]
-        node, arg, idx = parts[0], parts[1], int(parts[2]) if len(parts) > 2 else 0
+        if len(parts) > 3 or (len(parts) == 3 and not (parts[2].isascii()
+                                                      and parts[2].isdigit())):
+            raise InputError(f"function {self.function.signature.name}: cannot resolve "
+                             f"input {text[:200]!r}")
+        node, arg, idx = parts[0], parts[1], output_index(parts[2]) if len(parts) > 2 else 0
         offset = 0
         for name, count in self._arg_sizes.get(node, []):
             if name == arg:
@@ -85,7 +90,7 @@ class FunctionView:
         if text.startswith("^") or text in self.arg_names:
             return text
         node, _, idx = text.partition(":")
-        flat = int(idx) if idx else 0
+        flat = output_index(idx) if idx.isascii() and idx.isdigit() else 0
         offset = 0
         for name, count in self._arg_sizes[node]:
             if flat < offset + count:

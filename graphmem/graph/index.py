@@ -33,6 +33,9 @@ VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVar
                           "_VarHandlesOp"})
 SUM_OPS = frozenset({"Add", "AddV2", "AddN"})  # how gradients are summed
 _MERGES = frozenset({"Merge", "RefMerge"})
+# Outputs a node may have when no OpDef says how many (an unknown op type): far above any
+# real op's, low enough that per-output lists stay small.
+MAX_UNKNOWN_OUTPUTS = 1 << 16
 SHAPE_ONLY_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "BroadcastGradientArgs",
                             "TensorShape"})
 
@@ -61,6 +64,11 @@ class GraphIndex:
     _shape_cache: dict[bytes, list] = field(default_factory=dict)
     _bytes: dict[int | None, list] = field(default_factory=dict)
     _dead: list[bool] | None = None  # may_be_dead, computed on first use
+    # for opdef_check: nodes whose dtypes were guessed (no OpDef), and on a fresh compiled
+    # read, each node's check signature (op and attrs, the contents of shapes and tensors
+    # aside) and the first node of each
+    guessed_dtypes: set[int] = field(default_factory=set)
+    signature_groups: tuple[list[int], list[int]] | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -111,7 +119,10 @@ class GraphIndex:
         out_dtypes, out_shapes, num_outputs = idx.out_dtypes, idx.out_shapes, idx.num_outputs
         for i, types, shapes in zip(range(kept, n), types_of, shapes_of, strict=True):
             n_shapes = len(shapes) if shapes else 0
+            if max_out[i] > (MAX_UNKNOWN_OUTPUTS if types is None else len(types)):
+                idx._past_outputs(i, None if types is None else len(types))
             if types is None:
+                idx.guessed_dtypes.add(i)
                 types = _guess_dtypes(nodes[i], max(max_out[i], n_shapes))
             out_dtypes.append(types)
             out_shapes.append(shapes if n_shapes else None)
@@ -123,6 +134,21 @@ class GraphIndex:
         if any(idx.frame):
             idx._condense_loops()
         return idx
+
+    def _past_outputs(self, i: int, count: int | None) -> None:
+        """Refuse a graph where a node reads an output node i does not have: past the
+        outputs its OpDef gives it (`count`), or, without an OpDef, past any real op's
+        (an index of 999999999 would make every per-output list that long)."""
+        limit = MAX_UNKNOWN_OUTPUTS if count is None else count
+        k = max(k for (s, k) in self.consumers if s == i)
+        reader = self.consumers[(i, k)][0]
+        text = next((t for t in self.graph_def.node[reader].input
+                     if not t.startswith("^") and parse_input(t)[:2] == (self.names[i], k)),
+                    f"{self.names[i]}:{k}")
+        has = (f"has {count} output{'s' if count != 1 else ''}" if count is not None
+               else f"cannot have more than {limit} outputs")
+        raise InputError(f"node {self.names[reader]!r} reads {text[:200]!r}, but "
+                         f"{self.names[i]!r} ({self.ops[i]}) {has}")
 
     def _read_compiled(self, previous: GraphIndex | None) -> tuple[list[int], tuple] | None:
         """Names, ops, devices (those of `previous` for the nodes it had) and edges from the
@@ -154,7 +180,10 @@ class GraphIndex:
         """`_attr_facts` of nodes start.., from the nodes grouped in C by op signature (the
         op and its attrs but `_output_shapes`) and by `_output_shapes` value: each group is
         looked up, or parsed, once."""
-        signature_of, firsts, shapes_of, values = native.read_attrs(serialized, start)
+        signature_of, firsts, shapes_of, values, check_of, check_firsts = native.read_attrs(
+            serialized, start)
+        if start == 0:
+            self.signature_groups = (check_of, check_firsts)
         nodes = self.graph_def.node
         lookup = _SignatureCache(self.registry).lookup
         signatures = [lookup(self.ops[i], nodes[i]) for i in firsts]

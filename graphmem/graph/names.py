@@ -6,15 +6,32 @@ from __future__ import annotations
 # (named here so the workspace maps copies to their originals without importing a pass)
 COPY_SCOPE = "graphmem_recompute"
 
+# Output indices at or past this are all read as this one (and refused by the index): the
+# compiled reader (graphmem/_native.c, resolve_input) saturates at the same value, so both
+# readers agree on every input string.
+INDEX_LIMIT = 10**18
+
 
 def parse_input(text: str) -> tuple[str, int, bool]:
-    """Return (node name, output index, is_control) for one NodeDef input string."""
+    """Return (node name, output index, is_control) for one NodeDef input string.
+    The index is ASCII digits after the last ':', as TensorFlow reads it (leading zeros
+    allowed); str.isdigit alone would also take '²', '١' or '𝟘'. Anything else after the
+    colon is part of the node's name."""
     if text.startswith("^"):
         return text[1:], -1, True
     name, sep, idx = text.rpartition(":")
-    if sep and idx.isdigit():
-        return name, int(idx), False
+    if sep and idx.isascii() and idx.isdigit():
+        return name, output_index(idx), False
     return text, 0, False
+
+
+def output_index(digits: str) -> int:
+    """The value of an ASCII digit string, saturated at INDEX_LIMIT (without building a
+    4,000-digit int, which Python refuses)."""
+    digits = digits.lstrip("0")
+    if not digits:
+        return 0
+    return int(digits) if len(digits) < 19 else INDEX_LIMIT
 
 
 def tensor_name(node: str, index: int) -> str:

@@ -14,6 +14,7 @@ from graphmem.formats.model import LoadedModel
 from graphmem.graph.function_view import FunctionView
 from graphmem.graph.index import GraphIndex
 from graphmem.graph.names import original_name
+from graphmem.graph.opdef_check import check_graph
 from graphmem.graph.opdefs import OpRegistry
 
 
@@ -42,6 +43,7 @@ class Workspace:
             view = FunctionView.build(model.function, registry)
             graph_def = view.graph_def
         ws = cls(model, registry, graph_def, view, GraphIndex.build(graph_def, registry))
+        check_graph(ws.index, model.graph_def.versions.producer > 0)  # as TF's import would
         if infer_shapes and view is None and not ws.index.has_shapes():
             ws._infer_shapes(batch_size)
         return ws

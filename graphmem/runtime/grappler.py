@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 
 from graphmem import protos
 from graphmem.errors import UsageError
-from graphmem.runtime.tf_loader import tensorflow
+from graphmem.runtime.tf_loader import rejects_as_input_error, tensorflow
 
 
 def grappler_graph(meta_graph: Message | None, graph_def: Message, fetches: list[str]) -> Message:
@@ -27,7 +27,8 @@ def grappler_graph(meta_graph: Message | None, graph_def: Message, fetches: list
     if not fetches:
         raise UsageError("estimating on Grappler's graph needs the train op (fetch)")
     meta.collection_def["train_op"].node_list.value[:] = fetches
-    optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
+    with rejects_as_input_error("Grappler cannot optimize the graph"):
+        optimized = tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta)
     ours = protos.GraphDef()
     ours.ParseFromString(optimized.SerializeToString())
     return ours

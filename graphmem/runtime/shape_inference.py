@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from google.protobuf.message import Message
 
-from graphmem.runtime.tf_loader import tensorflow
+from graphmem.runtime.tf_loader import rejects_as_input_error, tensorflow
 
 
 def infer_shapes(graph_def: Message, batch_size: int | None = None
@@ -22,7 +22,7 @@ def infer_shapes(graph_def: Message, batch_size: int | None = None
             if dims and dims[0].size < 0:
                 dims[0].size = batch_size
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), rejects_as_input_error():
         tf.compat.v1.import_graph_def(tf_graph_def, name="")
     shapes: dict[str, list[list[int] | None]] = {}
     types: dict[str, list[int]] = {}

@@ -8,7 +8,7 @@ import sys
 from functools import cache
 from types import ModuleType
 
-from graphmem.errors import TensorFlowMissing
+from graphmem.errors import InputError, TensorFlowMissing
 
 
 @cache
@@ -65,3 +65,27 @@ def available() -> bool:
     except TensorFlowMissing:
         return False
     return True
+
+
+@contextlib.contextmanager
+def rejects_as_input_error(what: str = "TensorFlow cannot import the graph"):
+    """Every exception TensorFlow raises while importing or optimizing a graph we hand it
+    is about that graph (an op type it has no kernel for, inputs that do not match the
+    op's signature, a bad name or dtype, bytes it cannot decode): bad input, reported as
+    one line, whatever its type (ValueError, InvalidArgumentError, UnicodeDecodeError...)."""
+    try:
+        yield
+    except (GeneratorExit, InputError, TensorFlowMissing):
+        raise
+    except Exception as exc:  # noqa: BLE001 - TF's errors have no common base
+        raise InputError(f"{what}: {first_line(exc)}") from None
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message as one line: TF's run over several, with the node's
+    definition and a stack; the first non-empty line says what is wrong."""
+    text = getattr(exc, "message", None) or str(exc)
+    if not isinstance(text, str):
+        text = repr(text)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return line if len(line) <= limit else line[: limit - 3] + "..."

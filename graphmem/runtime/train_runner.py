@@ -84,6 +84,12 @@ class GraphRunner:
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
 
     def _import(self, model: LoadedModel) -> None:
+        from graphmem.runtime.tf_loader import rejects_as_input_error
+
+        with rejects_as_input_error(f"TensorFlow cannot import {model.path}"):
+            self._import_into_graph(model)
+
+    def _import_into_graph(self, model: LoadedModel) -> None:
         tf = self.tf
         if model.meta_graph is not None:
             meta = tf.compat.v1.MetaGraphDef.FromString(model.meta_graph.SerializeToString())
