@@ -1,7 +1,7 @@
 """Hostile input at volume: thousands of mutated models and option values through the CLI,
 counted by outcome.
 
-    python3 -m benchmarks.fuzz_bench [--inputs 3000] [--seed 0] [--timeout 60]
+    python3 -m benchmarks.fuzz_bench [--inputs 3000] [--jobs 2] [--seed 0] [--timeout 60]
 
 graphmem promises, for any input: a result (exit 0, or 1 for a failed check) or one line
 `graphmem: error: ...` and exit 2; never a traceback, an internal error (exit 3), a hang, a

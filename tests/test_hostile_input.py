@@ -264,7 +264,10 @@ def test_a_huge_static_dimension_is_an_input_error_either_way(tmp_path):
 
 
 @pytest.mark.parametrize("edit,fragment", [
-    (lambda g: setattr(_first(g, "MatMul"), "op", "Relu"), "(Relu) does not match"),
+    # of the attrs Relu lacks (grad_a, grad_b, transpose_a, transpose_b) the first in order,
+    # whatever order the map holds them in
+    (lambda g: setattr(_first(g, "MatMul"), "op", "Relu"), "(Relu) does not match its op's "
+     "definition: attr 'grad_a' is not one of the op's"),
     (lambda g: _first(g, "MatMul").attr.pop("T"), "no attr 'T'"),
     (lambda g: setattr(_first(g, "MatMul").attr["T"], "type", 999), "no valid DataType"),
     (lambda g: _first(g, "MatMul").input.pop(), "takes 2 inputs, not 1"),

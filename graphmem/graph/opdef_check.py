@@ -169,9 +169,10 @@ class _OpSpec:
             elif required:
                 return f"it has no attr {name!r}, which the op requires"
         if len(attrs) > len(self.attrs) or any(k not in self.declared for k in attrs):
-            for key in attrs:
-                if key not in self.declared and not key.startswith("_"):
-                    return f"attr {key[:100]!r} is not one of the op's"
+            # sorted: a map's order differs between processes, the message must not
+            extra = sorted(k for k in attrs if k not in self.declared and not k.startswith("_"))
+            if extra:
+                return f"attr {extra[0][:100]!r} is not one of the op's"
         return self._expected_inputs(attrs)
 
     def _expected_inputs(self, attrs) -> Expected | None:
