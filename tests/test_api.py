@@ -30,9 +30,9 @@ def _without(doc: dict, *keys) -> dict:
 # ------------------------------------------------------------------ same as the CLI
 
 def test_inspect_to_json_is_the_cli_document():
-    result = graphmem.inspect(str(MLP), top=5)
+    result = graphmem.inspect(str(MLP), top=5, batch_size=16)
     assert isinstance(result, graphmem.InspectResult)
-    assert result.to_json() == _cli_json("inspect", MLP, "--top", "5")
+    assert result.to_json() == _cli_json("inspect", MLP, "--top", "5", "--batch-size", "16")
     assert result.estimated_peak_bytes > 0 and result.to_json()["timeline"] == []
 
 
@@ -59,9 +59,9 @@ def test_rewrite_swap_options_as_keywords(tmp_path):
 
 
 def test_plan_to_json_is_the_cli_document():
-    curve = graphmem.plan(MLP, points=4)
+    curve = graphmem.plan(MLP, points=4, batch_size=16)
     assert isinstance(curve, graphmem.Tradeoff)
-    assert curve.to_json() == _cli_json("plan", MLP, "--points", "4")
+    assert curve.to_json() == _cli_json("plan", MLP, "--points", "4", "--batch-size", "16")
     assert {p.label for p in curve.policies} == {"memory", "speed"}
 
 
@@ -69,14 +69,14 @@ def test_plan_to_json_is_the_cli_document():
 def test_verify_to_json_has_the_cli_document(tmp_path):
     out = tmp_path / "out.meta"
     graphmem.rewrite(MLP, out, batch_size=16)
-    result = graphmem.verify(MLP, out, steps=2, exact=True)
+    result = graphmem.verify(MLP, out, steps=2, exact=True, batch_size=16)
     assert isinstance(result, graphmem.VerifyResult) and result.same_training
-    doc = _cli_json("verify", MLP, out, "--steps", "2", "--exact")
+    doc = _cli_json("verify", MLP, out, "--steps", "2", "--exact", "--batch-size", "16")
     mine = result.to_json()
     assert mine.keys() == doc.keys()
     # measured peaks and step times change from run to run; training does not
     for key in ("same_training", "max_loss_diff", "max_variable_diff", "variables_compared",
-                "rtol", "atol", "mismatches"):
+                "rtol", "atol", "mismatches", "batch_size", "batch_from"):
         assert mine[key] == doc[key], key
     assert mine["original"]["losses"] == doc["original"]["losses"]
     assert mine["original"]["path"] == str(MLP)
@@ -130,7 +130,8 @@ def test_in_memory_rewrite_writes_the_format_its_output_names(tmp_path):
 
 def test_in_memory_plan_matches_the_file():
     meta = _graph_def_from(MLP)
-    assert graphmem.plan(meta, points=3).to_json() == graphmem.plan(MLP, points=3).to_json()
+    assert graphmem.plan(meta, points=3, batch_size=16).to_json() == \
+        graphmem.plan(MLP, points=3, batch_size=16).to_json()
 
 
 # ------------------------------------------------------------------ errors
@@ -186,15 +187,15 @@ def test_unknown_keyword_is_a_type_error(tmp_path):
 
 def test_max_peak_gate_raises_check_failed_or_waits_for_check(tmp_path):
     with pytest.raises(CheckFailed, match="above the limit") as info:
-        graphmem.inspect(MLP, max_peak=1)
+        graphmem.inspect(MLP, max_peak=1, batch_size=16)
     assert info.value.exit_code == 1
-    result = graphmem.inspect(MLP, max_peak="1KiB", check=False)
+    result = graphmem.inspect(MLP, max_peak="1KiB", batch_size=16, check=False)
     with pytest.raises(CheckFailed):
         result.check()
-    graphmem.inspect(MLP, max_peak="10GiB")  # under the limit: no error
+    graphmem.inspect(MLP, max_peak="10GiB", batch_size=16)  # under the limit: no error
     out = tmp_path / "out.meta"
     with pytest.raises(CheckFailed, match="after the rewrite"):
-        graphmem.rewrite(MLP, out, max_peak=1)
+        graphmem.rewrite(MLP, out, max_peak=1, batch_size=16)
     assert out.exists()  # as the CLI: written, then exit 1
 
 
@@ -230,7 +231,7 @@ def test_rewrite_and_plan_are_functions_and_still_their_modules():
 def test_verify_in_memory_models():
     meta = _graph_def_from(MLP)
     rewritten = graphmem.rewrite(meta, batch_size=16).rewritten
-    result = graphmem.verify(meta, rewritten, steps=2, exact=True)
+    result = graphmem.verify(meta, rewritten, steps=2, exact=True, batch_size=16)
     assert result.same_training and result.max_variable_diff == 0
     assert result.variables_compared > 0
     assert result.to_json()["original"]["path"] == "<in-memory MetaGraphDef>"
@@ -250,7 +251,7 @@ def test_verify_differing_training_raises_check_failed(tmp_path):
             changed += 1
     assert changed == 1
     with pytest.raises(CheckFailed, match="training differs") as info:
-        graphmem.verify(MLP, other, steps=2)
+        graphmem.verify(MLP, other, steps=2, batch_size=16)
     assert info.value.exit_code == 1
-    result = graphmem.verify(MLP, other, steps=2, check=False)
+    result = graphmem.verify(MLP, other, steps=2, batch_size=16, check=False)
     assert not result.same_training and result.mismatches
