@@ -82,6 +82,82 @@ def test_verify_to_json_has_the_cli_document(tmp_path):
     assert mine["original"]["path"] == str(MLP)
 
 
+# ------------------------------------------------------------------ the CLI's behaviour
+
+def test_without_a_batch_size_inspect_counts_and_the_rest_ask_for_it(tmp_path):
+    """The MLP's inputs are [?, 16]: inspect still counts, with sizes unknown (the CLI's
+    document, peak null); what needs sizes stops with the CLI's usage error, before
+    anything is written."""
+    facts = graphmem.inspect(MLP)
+    assert facts.estimated_peak_bytes is None
+    assert facts.to_json()["estimated_peak_bytes"] is None
+    assert facts.to_json() == _cli_json("inspect", MLP)
+    assert facts.to_json()["saved_activations"]["unknown_size_count"] > 0
+    cli = run_cli("rewrite", MLP, "-o", tmp_path / "cli.meta")
+    assert cli.exit_code == 2
+    calls = [lambda: graphmem.rewrite(MLP, tmp_path / "out.meta"),
+             lambda: graphmem.rewrite(MLP),
+             lambda: graphmem.plan(MLP, points=3),
+             lambda: graphmem.inspect(MLP, plot=tmp_path / "p.svg"),
+             lambda: graphmem.inspect(MLP, max_peak="1GiB")]
+    for call in calls:
+        with pytest.raises(UsageError, match="give it with --batch-size N") as info:
+            call()
+        assert info.value.exit_code == 2
+        assert f"graphmem: error: {info.value}" in cli.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_stage_is_told_to_on_stage(tmp_path):
+    stages = []
+    graphmem.rewrite(MLP, tmp_path / "o.meta", batch_size=8, plot=tmp_path / "o.svg",
+                     on_stage=stages.append)
+    assert stages == ["reading the model", "rewriting", "writing the output",
+                      "drawing the plot"]
+    stages.clear()
+    graphmem.rewrite(MLP, batch_size=8, on_stage=stages.append)  # nothing written
+    assert stages == ["reading the model", "rewriting"]
+    stages.clear()
+    graphmem.inspect(MLP, on_stage=stages.append)
+    assert stages == ["reading the model", "analysing"]
+    stages.clear()
+    graphmem.plan(MLP, batch_size=8, points=2, on_stage=stages.append)
+    assert stages[0] == "reading the model" and "rewriting with the speed policy" in stages
+
+
+def test_tag_set_and_its_alias_tag():
+    saved = fixture_path("tf1_saved_model_train")
+    by_tag_set = graphmem.inspect(saved, tag_set="train", batch_size=4).to_json()
+    assert by_tag_set == graphmem.inspect(saved, tag="train", batch_size=4).to_json()
+    assert by_tag_set == _cli_json("inspect", saved, "--tag-set", "train", "--batch-size", "4")
+    with pytest.raises(UsageError, match="--tag-set and --tag"):
+        graphmem.inspect(saved, tag_set="train", tag="serve")
+
+
+@pytest.mark.parametrize("call, match", [
+    # the CLI's checks of option values (graphmem/options.py), with --swap off too
+    (lambda o: graphmem.rewrite(MLP, o, swap_include="(", batch_size=8), "--swap-include"),
+    (lambda o: graphmem.rewrite(MLP, o, swap=True, swap_start="[", batch_size=8),
+     "--swap-start"),
+    (lambda o: graphmem.rewrite(MLP, o, backward_scope=["grad(", "x"]), "--backward-scope"),
+    (lambda o: graphmem.rewrite(MLP, o, batch_size=2**31), "--batch-size"),
+    (lambda o: graphmem.rewrite(MLP, o, budget=float("nan")), "--budget"),
+    (lambda o: graphmem.rewrite(MLP, o, swap=True, swap_in_ahead="1:²"), "--swap-in-ahead"),
+    (lambda o: graphmem.rewrite(MLP, o, plot=o.parent / "p.pdf"), "--plot"),
+    (lambda o: graphmem.rewrite(MLP, o.parent / "a.svg", plot=o.parent / "a.svg"),
+     "another output"),
+    (lambda o: graphmem.rewrite(MLP, MLP), "input model"),
+    (lambda o: graphmem.verify(MLP, o, rtol=float("inf")), "--rtol"),
+    (lambda o: graphmem.verify(MLP, o, seed=-1), "--seed"),
+])
+def test_the_cli_option_checks_apply(tmp_path, call, match):
+    out = tmp_path / "out.meta"
+    with pytest.raises(GraphmemError, match=match) as info:
+        call(out)
+    assert info.value.exit_code == 2
+    assert not any(tmp_path.rglob("*"))
+
+
 # ------------------------------------------------------------------ in-memory models
 
 def _graph_def_from(path) -> object:
