@@ -16,9 +16,9 @@ from functools import wraps
 import rich_click as click
 from click import exceptions as click_exceptions
 
-from graphmem import __version__
+from graphmem import __version__, api
 from graphmem import options as valid  # option value checks
-from graphmem.api import ROUNDING, differs_message  # noqa: F401
+from graphmem.api import ROUNDING, differs_message  # noqa: F401 (read from here too)
 from graphmem.errors import GraphmemError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
@@ -243,8 +243,6 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 
     Without a batch size where sizes depend on one, it still counts, and marks sizes
     unknown (--plot and --max-peak need sizes, and ask for --batch-size)."""
-    from graphmem import api
-
     with _progress(as_json) as progress:
         result = api.inspect(model, format=fmt, tag=tag, function=function,
                              batch_size=batch_size, backward_scope=backward_scope,
@@ -304,8 +302,6 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
             early_updates, recompute_loops, loop_bodies, keep_worse, grappler, max_peak,
             output, plot, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
-    from graphmem import api
-
     with _progress(as_json) as progress:
         result = api.rewrite(model, output, policy, format=fmt, tag=tag, function=function,
                              batch_size=batch_size, backward_scope=backward_scope,
@@ -365,8 +361,6 @@ def verify(original, rewritten, fmt, tag, function, batch_size, backward_scope, 
     """Train ORIGINAL and REWRITTEN side by side; compare losses, variables and peak memory.
 
     Exits 1 when training differs beyond the tolerances."""
-    from graphmem import api
-
     with _progress(as_json) as progress:
         result = api.verify(original, rewritten, format=fmt, tag=tag, function=function,
                             batch_size=batch_size, backward_scope=backward_scope, steps=steps,
@@ -398,8 +392,6 @@ def verify(original, rewritten, fmt, tag, function, batch_size, backward_scope, 
 def plan(model, fmt, tag, function, batch_size, backward_scope, points, plot, as_json):
     """Trade-off between peak memory and extra compute, with the memory and speed policies
     placed on it."""
-    from graphmem import api
-
     with _progress(as_json) as progress:
         result = api.plan(model, format=fmt, tag=tag, function=function,
                           batch_size=batch_size, backward_scope=backward_scope, points=points,
