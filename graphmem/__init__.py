@@ -3,10 +3,10 @@
 As a library (docs/python-api.md):
 
     import graphmem
-    facts = graphmem.inspect("model.meta")
-    result = graphmem.rewrite("model.meta", "small.meta", policy="memory")
-    curve = graphmem.plan("model.meta")
-    check = graphmem.verify("model.meta", "small.meta", exact=True)
+    facts = graphmem.inspect("model.meta", batch_size=64)
+    result = graphmem.rewrite("model.meta", "small.meta", policy="memory", batch_size=64)
+    curve = graphmem.plan("model.meta", batch_size=64)
+    check = graphmem.verify("model.meta", "small.meta", batch_size=64, exact=True)
     step = graphmem.function(train_step, x, y, policy="memory")   # a live tf.function
 
 Everything is imported on first use: `import graphmem` loads neither TensorFlow nor the

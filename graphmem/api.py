@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
@@ -66,8 +66,10 @@ def _import_results():
             return doc
 
         def check(self) -> None:
-            """Raise CheckFailed (exit 1) when the estimated peak is above `max_peak`."""
-            _gate(self.estimated_peak_bytes, self.max_peak_bytes, "estimated step peak")
+            """Raise CheckFailed (exit 1) when the estimated peak is above `max_peak` (a
+            limit needs sizes: `inspect` asks for the batch size then, so the peak is known)."""
+            if self.estimated_peak_bytes is not None:
+                _gate(self.estimated_peak_bytes, self.max_peak_bytes, "estimated step peak")
 
     @dataclass
     class RewriteResult(_RewriteResult):
@@ -76,6 +78,7 @@ def _import_results():
         `to_json()`: the `--json` document."""
 
         output: str | None = None
+        plot: str | None = None
         rewritten: Any = field(default=None, repr=False, compare=False)
         max_peak_bytes: int | None = field(default=None, repr=False, compare=False)
 
@@ -83,7 +86,7 @@ def _import_results():
             from graphmem.report.json_out import plain
             from graphmem.report.rewrite_report import rewrite_document
 
-            return plain(rewrite_document(self, self.output))
+            return plain(rewrite_document(self, self.output, self.plot))
 
         @property
         def final(self):
@@ -120,15 +123,19 @@ def _import_results():
 
     @dataclass
     class VerifyResult(_VerifyResult):
-        """Both models trained side by side. `to_json()`: the `--json` document."""
+        """Both models trained side by side, at `batch_size` (found from `batch_from`:
+        "--batch-size", "--feed", "signature" or "not needed"). `to_json()`: the `--json`
+        document."""
 
         exact: bool = field(default=False, repr=False, compare=False)
+        batch_size: int | None = None
+        batch_from: str | None = None
 
         def to_json(self) -> dict:
             from graphmem.report.json_out import plain
             from graphmem.report.verify_report import verify_document
 
-            return plain(verify_document(self))
+            return plain(verify_document(self, self.batch_size, self.batch_from))
 
         def check(self) -> None:
             """Raise CheckFailed (exit 1) when training differs beyond the tolerances."""
@@ -181,6 +188,10 @@ def differs_message(result, exact: bool) -> str:
 
 
 # ---------------------------------------------------------------- option values
+# The API takes Python values where the CLI takes text (an int for --batch-size, a list for
+# a repeatable option), so it checks their types itself; what a value may be beyond its
+# type (bounds, regexes that compile, finite sizes, writable outputs) is the CLI's own
+# checks in graphmem/options.py, so both refuse the same values before any work.
 
 def _choice(value, choices: Sequence[str], option: str, allow_none: bool = True):
     if value is None and allow_none:
@@ -193,20 +204,35 @@ def _choice(value, choices: Sequence[str], option: str, allow_none: bool = True)
 
 def _int(value, option: str, low: int | None = None, high: int | None = None,
          allow_none: bool = False):
+    from graphmem.options import MAX_COUNT
+
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"invalid value for {option}: {value!r} is not an integer")
+    high = MAX_COUNT if high is None and low is not None else high
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">={low}" if high is None else f"in the range {low}<=x<={high}"
         raise UsageError(f"invalid value for {option}: {value} is not {bounds}")
     return value
 
 
-def _float(value, option: str) -> float:
+def _param(param_type, value, option: str):
+    """A value through one of the CLI's click parameter types (graphmem/options.py)."""
+    from click import BadParameter
+
+    try:
+        return param_type.convert(value, None, None)
+    except BadParameter as exc:
+        raise UsageError(f"invalid value for {option}: {exc.message}") from None
+
+
+def _tolerance(value, option: str) -> float:
+    from graphmem.options import TOLERANCE
+
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"invalid value for {option}: {value!r} is not a number")
-    return float(value)
+    return _param(TOLERANCE, value, option)
 
 
 def _bool(value, option: str, allow_none: bool = False):
@@ -225,18 +251,25 @@ def _str(value, option: str, allow_none: bool = True):
     return os.fspath(value)
 
 
-def _strings(value: Patterns, option: str) -> list[str]:
-    """A repeatable option: one string or a sequence of them."""
+def _strings(value: Patterns, option: str, regex=None) -> list[str]:
+    """A repeatable option: one string or a sequence of them; with `regex` (a
+    graphmem.options.Regex), each must compile as the CLI demands."""
+    items = None
     if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
+        items = []
+    elif isinstance(value, str):
+        items = [value]
+    elif isinstance(value, Iterable) and not isinstance(value, (bytes, Mapping)):
         items = list(value)
-        if all(isinstance(v, str) for v in items):
-            return items
-    raise UsageError(f"invalid value for {option}: {value!r} is not a string or a list "
-                     "of strings")
+        if not all(isinstance(v, str) for v in items):
+            items = None
+    if items is None:
+        raise UsageError(f"invalid value for {option}: {value!r} is not a string or a list "
+                         "of strings")
+    if regex is not None:
+        for item in items:
+            _param(regex, item, option)
+    return items
 
 
 def _size(value, option: str) -> int | None:
@@ -244,7 +277,9 @@ def _size(value, option: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+        from graphmem.units import parse_size
+
+        return parse_size(str(value))  # the same upper bound as text
     if not isinstance(value, str):
         raise UsageError(f"invalid value for {option}: {value!r} is not a size")
     from graphmem.units import parse_size
@@ -252,13 +287,63 @@ def _size(value, option: str) -> int | None:
     return parse_size(value)
 
 
-def _output_location(target, what: str) -> str | None:
+def _budget(value) -> str | None:
+    """--budget: a size or a fraction of the original peak, kept as text (the rewrite
+    parses it once the original peak is known)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    from graphmem.options import BUDGET
+
+    return _param(BUDGET, _str(value, "--budget"), "--budget")
+
+
+def _model_tag(tag, tag_set):
+    """`tag_set` (saved_model_cli's name, the CLI's --tag-set) or `tag` (its alias)."""
+    tag, tag_set = _str(tag, "--tag"), _str(tag_set, "--tag-set")
+    if tag is not None and tag_set is not None and tag != tag_set:
+        raise UsageError("--tag-set and --tag are one option: give one of them")
+    return tag_set if tag_set is not None else tag
+
+
+def _model_options(model, fmt, tag, function, batch_size, backward_scope):
+    """The options every command has, checked: (format, tag, function, batch size,
+    backward scopes)."""
+    from graphmem.options import MAX_BATCH_SIZE, REGEX
+
+    fmt = _choice(fmt, FORMATS, "--format")
+    function = _str(function, "--function")
+    batch_size = _int(batch_size, "--batch-size", 1, MAX_BATCH_SIZE, allow_none=True)
+    scopes = _strings(backward_scope, "--backward-scope", REGEX)
+    if _is_message(model) and (fmt is not None or tag is not None):
+        raise UsageError("format and tag are for model files; an in-memory model is a "
+                         "GraphDef or MetaGraphDef already")
+    return fmt, tag, function, batch_size, scopes or None
+
+
+def _model_path(model) -> str | None:
+    """The model's path, for the checks that keep outputs off it (None in memory)."""
+    return os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+
+
+def _check_output(target, model, what: str = "output") -> str | None:
     if target is None:
         return None
-    from graphmem.formats.save import check_output_location
+    from graphmem.options import check_output
 
     path = _str(target, what)
-    check_output_location(path, what)
+    check_output(path, what, _model_path(model))
+    return path
+
+
+def _check_plot(target, model, others: tuple = ()) -> str | None:
+    if target is None:
+        return None
+    from graphmem.options import check_plot
+
+    path = _str(target, "--plot")
+    check_plot(path, _model_path(model), others)
     return path
 
 
@@ -269,25 +354,27 @@ def swap_options(*, swap: bool = False, swap_threshold: str | int = "0",
                  swap_branches: bool = False, swap_branch_threshold: int = 20,
                  device: str | None = None, host_device: str = "/device:CPU:0"
                  ) -> SwapOptions | None:
-    """The swap pass's options from the CLI's swap options (None when `swap` is off)."""
-    if not _bool(swap, "--swap"):
-        return None
-    from graphmem.passes.swap import SwapOptions
+    """The swap pass's options from the CLI's swap options (None when `swap` is off).
+    Every value is checked, with `swap` off too, as the CLI checks them."""
+    from graphmem.options import REGEX, SCOPE, parse_ahead
 
-    ahead = _str(swap_in_ahead, "--swap-in-ahead", allow_none=False)
-    lb, sep, ub = ahead.partition(":")
-    if not sep or not lb.isdigit() or not ub.isdigit() or int(lb) > int(ub):
-        raise UsageError("--swap-in-ahead wants LB:UB with 0 <= LB <= UB, e.g. 1:10")
-    return SwapOptions(
+    on = _bool(swap, "--swap")
+    values = dict(
         threshold=_size(swap_threshold, "--swap-threshold") or 0,
         max_tensors=_int(swap_max_tensors, "--swap-max-tensors", 1, allow_none=True),
-        include=_strings(swap_include, "--swap-include"),
-        exclude=_strings(swap_exclude, "--swap-exclude"),
-        start=_strings(swap_start, "--swap-start"), ahead=(int(lb), int(ub)),
+        include=_strings(swap_include, "--swap-include", REGEX),
+        exclude=_strings(swap_exclude, "--swap-exclude", REGEX),
+        start=_strings(swap_start, "--swap-start", SCOPE),
+        ahead=parse_ahead(_str(swap_in_ahead, "--swap-in-ahead", allow_none=False)),
         fuse=_bool(swap_fuse, "--swap-fuse"), branches=_bool(swap_branches, "--swap-branches"),
         branch_threshold=_int(swap_branch_threshold, "--swap-branch-threshold", 0),
         device=_str(device, "--device"),
         host=_str(host_device, "--host-device", allow_none=False))
+    if not on:
+        return None
+    from graphmem.passes.swap import SwapOptions
+
+    return SwapOptions(**values)
 
 
 # ---------------------------------------------------------------- models
@@ -297,14 +384,9 @@ def _is_message(model) -> bool:
 
 
 def _load(model: Model, fmt, tag, function) -> LoadedModel:
-    """A path read by the format layer, or a message in memory."""
-    fmt = _choice(fmt, FORMATS, "--format")
-    tag = _str(tag, "--tag")
-    function = _str(function, "--function")
+    """A path read by the format layer, or a message in memory (options checked by
+    `_model_options`)."""
     if _is_message(model):
-        if fmt is not None or tag is not None:
-            raise UsageError("format and tag are for model files; an in-memory model is a "
-                             "GraphDef or MetaGraphDef already")
         from graphmem.formats.load import load_message
 
         return load_message(model, function, _describe(model))
@@ -361,31 +443,56 @@ def _save(loaded: LoadedModel, output: str, reverted: bool, in_memory: bool) -> 
 
 
 # ---------------------------------------------------------------- commands
+# Each command checks every option before any work (a bad value writes nothing), then
+# reads, works and writes, telling `on_stage(text)` each stage as it starts (the CLI's
+# progress line; `None`: nothing told). Where sizes depend on a batch dimension nothing
+# fixes, a command whose result needs sizes raises UsageError asking for `batch_size`.
 
-def inspect(model: Model, *, format: str | None = None, tag: str | None = None,  # noqa: A002
-            function: str | None = None, batch_size: int | None = None,
-            backward_scope: Patterns = (), grappler: bool = False, plot: str | None = None,
-            max_peak: str | int | None = None, top: int = 10, check: bool = True):
+Stage = Callable[[str], None] | None
+
+
+def _stages(on_stage: Stage) -> Callable[[str], None]:
+    if on_stage is not None and not callable(on_stage):
+        raise UsageError(f"on_stage must be callable, got {type(on_stage).__name__}")
+    return on_stage or (lambda text: None)
+
+
+def inspect(model: Model, *, format: str | None = None,  # noqa: A002
+            tag_set: str | None = None, tag: str | None = None, function: str | None = None,
+            batch_size: int | None = None, backward_scope: Patterns = (),
+            grappler: bool = False, max_peak: str | int | None = None, top: int = 10,
+            plot: str | None = None, check: bool = True, on_stage: Stage = None):
     """Summarize a training graph: regions, saved activations, variables, estimated memory.
 
-    Returns an InspectResult (`to_json()`: `graphmem inspect --json`). With `max_peak`
-    (a size such as "1.5GiB", or bytes) and `check`, raises CheckFailed when the estimated
-    step peak is above it; with `check=False`, `result.check()` does that later."""
-    batch_size = _int(batch_size, "--batch-size", 1, allow_none=True)
-    scopes = _strings(backward_scope, "--backward-scope")
+    Without a batch size where sizes depend on one, it still counts, and leaves sizes
+    unknown (`estimated_peak_bytes` None); `plot` and `max_peak` need sizes and raise
+    UsageError asking for `batch_size` then. Returns an InspectResult (`to_json()`:
+    `graphmem inspect --json`). With `max_peak` (a size such as "1.5GiB", or bytes) and
+    `check`, raises CheckFailed when the estimated step peak is above it; with
+    `check=False`, `result.check()` does that later."""
+    fmt, tag, function, batch_size, scopes = _model_options(
+        model, format, _model_tag(tag, tag_set), function, batch_size, backward_scope)
     grappler = _bool(grappler, "--grappler")
-    top = _int(top, "--top", 0)
     limit = _size(max_peak, "--max-peak")
-    plot = _output_location(plot, "--plot")
+    top = _int(top, "--top", 0)
+    plot = _check_plot(plot, model)
+    stage = _stages(on_stage)
+    check = _bool(check, "check")
     from graphmem.analysis.inspect import gather_facts
     from graphmem.graph.workspace import Workspace
 
-    ws = Workspace.open(_load(model, format, tag, function), batch_size=batch_size)
-    facts, _ = gather_facts(ws, batch_size, scopes or None, top, grappler,
-                            keep_timeline=bool(plot))
+    stage("reading the model")
+    ws = Workspace.open(_load(model, fmt, tag, function), batch_size=batch_size)
+    if plot or limit is not None:
+        from graphmem.analysis.batch import require_batch_size
+
+        batch_size = require_batch_size(ws, batch_size, backward_scopes=scopes)
+    stage("analysing")
+    facts, _ = gather_facts(ws, batch_size, scopes, top, grappler, keep_timeline=bool(plot))
     if plot:
         from graphmem.report.plot import Series, write_plot
 
+        stage("drawing the plot")
         write_plot(plot, [Series("estimated", facts.timeline)],
                    f"graphmem inspect {Path(_model_text(model)).name}")
     result = _extend("InspectResult", facts, max_peak_bytes=limit)
@@ -395,13 +502,14 @@ def inspect(model: Model, *, format: str | None = None, tag: str | None = None, 
 
 
 def rewrite(model: Model, output: str | os.PathLike | None = None, policy: str | None = None,
-            *, format: str | None = None, tag: str | None = None,  # noqa: A002
-            function: str | None = None, batch_size: int | None = None,
-            backward_scope: Patterns = (), budget: str | float | None = None,
-            checkpoints: Patterns = (), grappler: bool = False, plot: str | None = None,
-            max_peak: str | int | None = None, early_updates: bool = True,
-            recompute_loops: bool = False, loop_bodies: bool | None = None,
-            keep_worse: bool = False, check: bool = True, **swap: Any):
+            *, format: str | None = None, tag_set: str | None = None,  # noqa: A002
+            tag: str | None = None, function: str | None = None,
+            batch_size: int | None = None, backward_scope: Patterns = (),
+            budget: str | float | None = None, checkpoints: Patterns = (),
+            early_updates: bool = True, recompute_loops: bool = False,
+            loop_bodies: bool | None = None, keep_worse: bool = False, grappler: bool = False,
+            max_peak: str | int | None = None, plot: str | None = None, check: bool = True,
+            on_stage: Stage = None, **swap: Any):
     """Rewrite a training graph to need less memory.
 
     With `output`, the rewritten model is written there (the input's format; for an
@@ -409,49 +517,51 @@ def rewrite(model: Model, output: str | os.PathLike | None = None, policy: str |
     as `result.rewritten` and nothing is written. `policy` defaults as in the CLI: memory,
     `none` with `swap=True` (and no checkpoints), `budget` with `budget`. Swap options are
     the CLI's (`swap`, `swap_threshold`, `swap_max_tensors`, `swap_include`, ...,
-    `device`, `host_device`). Returns a RewriteResult (`to_json()`: `graphmem rewrite
-    --json`); with `check`, raises CheckFailed (after writing, as the CLI exits 1) when
-    the result is above `max_peak` or the budget."""
-    output = _output_location(output, "output")
-    plot = _output_location(plot, "--plot")
-    limit = _size(max_peak, "--max-peak")
-    batch_size = _int(batch_size, "--batch-size", 1, allow_none=True)
-    scopes = _strings(backward_scope, "--backward-scope")
-    patterns = _strings(checkpoints, "--checkpoints")
+    `device`, `host_device`). Sizes that depend on a batch dimension nothing fixes raise
+    UsageError asking for `batch_size`. Returns a RewriteResult (`to_json()`: `graphmem
+    rewrite --json`); with `check`, raises CheckFailed (after writing, as the CLI exits 1)
+    when the result is above `max_peak` or the budget."""
+    from graphmem.options import PATTERN
+
     unknown = sorted(set(swap) - _SWAP_KEYS)
     if unknown:
         raise TypeError(f"rewrite() got unexpected keyword arguments: {', '.join(unknown)}")
+    output = _check_output(output, model)
+    plot = _check_plot(plot, model, others=(output,) if output else ())
+    fmt, tag, function, batch_size, scopes = _model_options(
+        model, format, _model_tag(tag, tag_set), function, batch_size, backward_scope)
+    limit = _size(max_peak, "--max-peak")
+    patterns = _strings(checkpoints, "--checkpoints", PATTERN)
     swap_opts = swap_options(**swap)
     policy = _choice(policy, POLICIES, "--policy")
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        budget = str(budget)
-    budget = _str(budget, "--budget")
+    budget = _budget(budget)
     if budget is not None and policy not in (None, "budget"):
         raise UsageError("--budget goes with --policy budget")
     policy = policy or ("budget" if budget is not None else
                         "none" if swap_opts and not patterns else "memory")
     if policy == "budget" and not budget:
         raise UsageError("--policy budget needs --budget SIZE or FRACTION (e.g. 2GiB, 0.5)")
-    if budget is not None:
-        from graphmem.passes.budget import parse_budget
-
-        parse_budget(budget, 1)  # a malformed budget fails before any work
-    options_in = dict(grappler=_bool(grappler, "--grappler"),
-                      early_updates=_bool(early_updates, "--early-updates"),
-                      recompute_loops=_bool(recompute_loops, "--recompute-loops"),
-                      loop_recompute=_bool(loop_bodies, "--loop-bodies", allow_none=True),
-                      keep_worse=_bool(keep_worse, "--keep-worse"))
+    flags = dict(grappler=_bool(grappler, "--grappler"),
+                 early_updates=_bool(early_updates, "--early-updates"),
+                 recompute_loops=_bool(recompute_loops, "--recompute-loops"),
+                 loop_recompute=_bool(loop_bodies, "--loop-bodies", allow_none=True),
+                 keep_worse=_bool(keep_worse, "--keep-worse"))
+    stage = _stages(on_stage)
+    check = _bool(check, "check")
+    from graphmem.analysis.batch import require_batch_size
     from graphmem.graph.workspace import Workspace
     from graphmem.rewrite import RewriteOptions, rewrite_workspace
 
-    options = RewriteOptions(policy, patterns, batch_size, scopes or None,
-                             keep_timeline=bool(plot), swap=swap_opts, budget=budget,
-                             **options_in)
-    loaded = _load(model, format, tag, function)
-    ws = Workspace.open(loaded, batch_size=batch_size)
+    stage("reading the model")
+    ws = Workspace.open(_load(model, fmt, tag, function), batch_size=batch_size)
+    batch_size = require_batch_size(ws, batch_size, backward_scopes=scopes)
+    options = RewriteOptions(policy, patterns, batch_size, scopes, keep_timeline=bool(plot),
+                             swap=swap_opts, budget=budget, **flags)
+    stage("rewriting")
     driven = rewrite_workspace(ws, options)
     rewritten = None
     if output is not None:
+        stage("writing the output")
         _save(ws.model, output, driven.reverted, _is_message(model))
     else:
         container = ws.model.container
@@ -460,10 +570,11 @@ def rewrite(model: Model, output: str | os.PathLike | None = None, policy: str |
     if plot:
         from graphmem.report.plot import Series, write_plot
 
+        stage("drawing the plot")
         write_plot(plot, [Series("original", driven.before.timeline),
                           Series(f"rewritten ({policy})", driven.after.timeline)],
                    f"graphmem rewrite {Path(_model_text(model)).name}")
-    result = _extend("RewriteResult", driven, output=output, rewritten=rewritten,
+    result = _extend("RewriteResult", driven, output=output, plot=plot, rewritten=rewritten,
                      max_peak_bytes=limit)
     if check:
         result.check()
@@ -475,53 +586,69 @@ _SWAP_KEYS = {"swap", "swap_threshold", "swap_max_tensors", "swap_include", "swa
               "swap_branch_threshold", "device", "host_device"}
 
 
-def plan(model: Model, *, format: str | None = None, tag: str | None = None,  # noqa: A002
-         function: str | None = None, batch_size: int | None = None, points: int = 8,
-         plot: str | None = None):
+def plan(model: Model, *, format: str | None = None, tag_set: str | None = None,  # noqa: A002
+         tag: str | None = None, function: str | None = None, batch_size: int | None = None,
+         backward_scope: Patterns = (), points: int = 8, plot: str | None = None,
+         check: bool = True, on_stage: Stage = None):
     """The trade-off between peak memory and extra compute, with the memory and speed
-    policies placed on it. Returns a Tradeoff (`to_json()`: `graphmem plan --json`)."""
-    fmt = _choice(format, FORMATS, "--format")
-    tag = _str(tag, "--tag")
-    function = _str(function, "--function")
-    batch_size = _int(batch_size, "--batch-size", 1, allow_none=True)
+    policies placed on it. Sizes that depend on a batch dimension nothing fixes raise
+    UsageError asking for `batch_size`. Returns a Tradeoff (`to_json()`: `graphmem plan
+    --json`); `plan` has no exit-1 condition, so `check` changes nothing."""
+    fmt, tag, function, batch_size, scopes = _model_options(
+        model, format, _model_tag(tag, tag_set), function, batch_size, backward_scope)
     points = _int(points, "--points", 2, 64)
-    plot = _output_location(plot, "--plot")
-    if _is_message(model) and (fmt is not None or tag is not None):
-        raise UsageError("format and tag are for model files; an in-memory model is a "
-                         "GraphDef or MetaGraphDef already")
+    plot = _check_plot(plot, model)
+    stage = _stages(on_stage)
+    _bool(check, "check")
     from graphmem.plan import tradeoff
 
     with _as_path(model) as path:
-        curve = tradeoff(path, batch_size, fmt, tag, function, points)
+        curve = tradeoff(path, batch_size, fmt, tag, function, points, scopes,
+                         on_stage=stage)
     if plot:
         from graphmem.report.plot import write_tradeoff_plot
 
+        stage("drawing the plot")
         write_tradeoff_plot(plot, curve, f"graphmem plan {Path(_model_text(model)).name}")
     return _extend("Tradeoff", curve)
 
 
 def verify(original: Model, rewritten: Model, *, format: str | None = None,  # noqa: A002
-           tag: str | None = None, steps: int = 5, warmup: int = 0, batch_size: int = 8,
-           feed: Patterns | Mapping[str, Any] = (), train_op: str | None = None,
-           loss: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-           threads: int = 1, seed: int = 0, exact: bool = False, check: bool = True):
+           tag_set: str | None = None, tag: str | None = None, function: str | None = None,
+           batch_size: int | None = None, backward_scope: Patterns = (), steps: int = 5,
+           warmup: int = 0, feed: Patterns | Mapping[str, Any] = (),
+           train_op: str | None = None, loss: str | None = None, threads: int = 1,
+           seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6, exact: bool = False,
+           check: bool = True, on_stage: Stage = None,
+           on_step: Callable[[int, int], None] | None = None):
     """Train `original` and `rewritten` side by side on the same feeds; compare losses,
     variables and measured peak memory (needs TensorFlow).
 
     `feed`: NAME=FILE.npy strings as on the command line, or a dict of arrays by
-    placeholder name. `exact`: zero tolerances and Grappler off. Returns a VerifyResult
+    placeholder name. The batch size of the random feeds: `batch_size`, else the leading
+    dimension of a fed array, else a SavedModel signature's; UsageError when the graph
+    needs one and none is found. `exact`: zero tolerances and Grappler off.
+    `on_step(done, total)` is told after each training step. Returns a VerifyResult
     (`to_json()`: `graphmem verify --json`); with `check`, raises CheckFailed when
     training differs."""
-    fmt = _choice(format, FORMATS, "--format")
-    tag = _str(tag, "--tag")
+    from graphmem.options import MAX_SEED
+
+    fmt, tag, function, batch_size, scopes = _model_options(
+        original, format, _model_tag(tag, tag_set), function, batch_size, backward_scope)
+    if _is_message(rewritten) and (fmt is not None or tag is not None):
+        raise UsageError("format and tag are for model files; an in-memory model is a "
+                         "GraphDef or MetaGraphDef already")
     steps = _int(steps, "--steps", 1)
     warmup = _int(warmup, "--warmup", 0)
-    batch_size = _int(batch_size, "--batch-size", 1)
     threads = _int(threads, "--threads", 1)
-    seed = _int(seed, "--seed")
-    rtol, atol = _float(rtol, "--rtol"), _float(atol, "--atol")
+    seed = _int(seed, "--seed", 0, MAX_SEED)
+    rtol, atol = _tolerance(rtol, "--rtol"), _tolerance(atol, "--atol")
     exact = _bool(exact, "--exact")
     train_op, loss = _str(train_op, "--train-op"), _str(loss, "--loss")
+    stage = _stages(on_stage)
+    check = _bool(check, "check")
+    if on_step is not None and not callable(on_step):
+        raise UsageError(f"on_step must be callable, got {type(on_step).__name__}")
     if isinstance(feed, Mapping):
         import numpy as np
 
@@ -530,23 +657,31 @@ def verify(original: Model, rewritten: Model, *, format: str | None = None,  # n
         from graphmem.runtime.train_runner import load_feed_files
 
         feeds = load_feed_files(_strings(feed, "--feed"))
-    if (_is_message(original) or _is_message(rewritten)) and (fmt or tag):
-        raise UsageError("format and tag are for model files; an in-memory model is a "
-                         "GraphDef or MetaGraphDef already")
+    from graphmem.analysis.batch import missing_batch_message, resolve_batch_size
+    from graphmem.graph.workspace import Workspace
     from graphmem.runtime.train_runner import RunSpec
     from graphmem.runtime.verify import verify as run_verify
 
-    spec = RunSpec(train_op, loss, None, batch_size, feeds, seed, threads, grappler=not exact)
+    stage("reading the original model")
+    batch = resolve_batch_size(Workspace.open(_load(original, fmt, tag, function)),
+                               batch_size, feeds)
+    if batch.needed:
+        raise UsageError(missing_batch_message(batch) + " (random feeds need it)")
+    spec = RunSpec(train_op, loss, None, batch.size or 1, feeds, seed, threads,
+                   grappler=not exact, backward_scopes=scopes)
     if exact:
         rtol = atol = 0.0
+    stage("loading TensorFlow and both graphs")
     with _as_path(original, "original") as a, _as_path(rewritten, "rewritten") as b:
-        ran = run_verify(a, b, spec, steps, rtol, atol, fmt, tag, warmup=warmup)
+        ran = run_verify(a, b, spec, steps, rtol, atol, fmt, tag, function, warmup=warmup,
+                         on_step=on_step)
     ran.original.path, ran.rewritten.path = _model_text(original), _model_text(rewritten)
-    result = _extend("VerifyResult", ran, exact=exact)
+    result = _extend("VerifyResult", ran, exact=exact, batch_size=batch.size,
+                     batch_from=batch.source)
     if check:
         result.check()
     return result
 
 
-__all__ = ["FORMATS", "POLICIES", "GraphmemError", "differs_message", "inspect", "plan",
-           "rewrite", "swap_options", "verify"]
+__all__ = ["FORMATS", "POLICIES", "ROUNDING", "GraphmemError", "differs_message", "inspect",
+           "plan", "rewrite", "swap_options", "verify"]

@@ -1,7 +1,9 @@
-"""The command line: `graphmem inspect`, `graphmem rewrite`, `graphmem verify`.
+"""The command line: `graphmem inspect`, `graphmem rewrite`, `graphmem plan`, `graphmem verify`.
 
-Commands only parse options, call the analyses and passes, and hand results to a report.
-Errors a user can act on (GraphmemError) become one line on stderr and an exit code.
+Commands only parse options, call the library API (graphmem/api.py, which checks the values,
+finds the batch size, does the work and writes the outputs) with a progress line when stderr
+is a terminal, and hand its result to a report: tables, or the result's `to_json()` for
+--json. Errors a user can act on (GraphmemError) become one line on stderr and an exit code.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ import gc
 import os
 import sys
 from functools import wraps
-from pathlib import Path
 
 import rich_click as click
 from click import exceptions as click_exceptions
 
-from graphmem import __version__
+from graphmem import __version__, api
 from graphmem import options as valid  # option value checks
-from graphmem.errors import GraphmemError, UsageError
+from graphmem.api import ROUNDING, differs_message  # noqa: F401 (read from here too)
+from graphmem.errors import GraphmemError
 
 FORMATS = ["meta", "meta_text", "graphdef", "graphdef_text", "saved_model"]
 POLICIES = ["memory", "speed", "collection", "names", "budget", "none"]
@@ -119,7 +121,7 @@ def swap_options(fn):
         swap("--swap-branch-threshold", default=20, show_default=True, metavar="N",
              type=valid.NON_NEGATIVE,
                      help="Topological distance that makes a forward reader far."),
-        swap("--device", "swap_device", metavar="DEVICE",
+        swap("--device", metavar="DEVICE",
                      help="Device whose memory is saved (default: each tensor's own)."),
         swap("--host-device", default="/device:CPU:0", show_default=True,
                      help="Where swapped tensors wait."),
@@ -127,42 +129,6 @@ def swap_options(fn):
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
-
-
-def _swap_options_from(kw: dict):
-    if not kw.pop("swap"):
-        for key in list(kw):
-            kw.pop(key)
-        return None
-    from graphmem.passes.swap import SwapOptions
-    from graphmem.units import parse_size
-
-    lb, ub = valid.parse_ahead(kw.pop("swap_in_ahead"))
-    return SwapOptions(
-        threshold=parse_size(kw.pop("swap_threshold")),
-        max_tensors=kw.pop("swap_max_tensors"),
-        include=list(kw.pop("swap_include")), exclude=list(kw.pop("swap_exclude")),
-        start=list(kw.pop("swap_start")), ahead=(lb, ub),
-        fuse=kw.pop("swap_fuse"), branches=kw.pop("swap_branches"),
-        branch_threshold=kw.pop("swap_branch_threshold"), device=kw.pop("swap_device"),
-        host=kw.pop("host_device"))
-
-
-def _parse_max_peak(text):
-    if text is None:
-        return None
-    from graphmem.units import parse_size
-
-    return parse_size(text)
-
-
-def _gate(peak: int, limit: int | None, what: str) -> None:
-    if limit is not None and peak > limit:
-        from graphmem.errors import CheckFailed
-        from graphmem.units import format_bytes
-
-        raise CheckFailed(f"{what} {format_bytes(peak)} is above the limit "
-                          f"{format_bytes(limit)} (by {format_bytes(peak - limit)})")
 
 
 def handles_errors(fn):
@@ -260,14 +226,6 @@ def main() -> None:
     """Rewrite TensorFlow training graphs so that training needs less memory."""
 
 
-def _open(model: str, fmt, tag, function, batch_size=None):
-    from graphmem.formats import load_model
-    from graphmem.graph.workspace import Workspace
-
-    loaded = load_model(Path(model), fmt, tag, function)
-    return Workspace.open(loaded, batch_size=batch_size)
-
-
 @main.command()
 @click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
@@ -285,40 +243,23 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
 
     Without a batch size where sizes depend on one, it still counts, and marks sizes
     unknown (--plot and --max-peak need sizes, and ask for --batch-size)."""
-    from graphmem.analysis.inspect import gather_facts
-
-    limit = _parse_max_peak(max_peak)
-    if plot:
-        valid.check_plot(plot, model)
     with _progress(as_json) as progress:
-        progress.stage("reading the model")
-        ws = _open(model, fmt, tag, function, batch_size)
-        if plot or limit is not None:
-            from graphmem.analysis.batch import require_batch_size
-
-            batch_size = require_batch_size(ws, batch_size,
-                                            backward_scopes=list(backward_scope) or None)
-        progress.stage("analysing")
-        facts, _ = gather_facts(ws, batch_size, backward_scope or None, top, grappler,
-                                keep_timeline=bool(plot))
-    if plot:
-        from graphmem.report.plot import Series, write_plot
-
-        write_plot(plot, [Series("estimated", facts.timeline)],
-                   f"graphmem inspect {Path(model).name}")
+        result = api.inspect(model, format=fmt, tag=tag, function=function,
+                             batch_size=batch_size, backward_scope=backward_scope,
+                             grappler=grappler, max_peak=max_peak, top=top, plot=plot,
+                             check=False, on_stage=progress.stage)
     if as_json:
         from graphmem.report.json_out import emit
 
-        facts.timeline = []
-        emit(facts)
+        emit(result.to_json())
     else:
         from graphmem.report.inspect_report import render_inspect
 
-        render_inspect(facts, _console())
+        render_inspect(result, _console())
         if plot:
             _console().print(f"plot written to {plot}")
-    if facts.estimated_peak_bytes is not None:
-        _gate(facts.estimated_peak_bytes, limit, "estimated step peak")
+    result.check()
+
 
 
 @main.command()
@@ -361,56 +302,23 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
             early_updates, recompute_loops, loop_bodies, keep_worse, grappler, max_peak,
             output, plot, as_json, **swap_kw):
     """Rewrite a training graph to need less memory and write it to OUTPUT."""
-    from graphmem.rewrite import RewriteOptions, rewrite_file
-
-    # every option is checked before any work: a usage error (exit 2) writes nothing
-    valid.check_output(output, "output", model)
-    if plot:
-        valid.check_plot(plot, model, others=(output,))
-    limit = _parse_max_peak(max_peak)
-    swap = _swap_options_from(swap_kw)
-    if budget is not None and policy not in (None, "budget"):
-        raise UsageError("--budget goes with --policy budget")
-    policy = policy or ("budget" if budget is not None else
-                        "none" if swap and not patterns else "memory")
-    if policy == "budget" and not budget:
-        raise UsageError("--policy budget needs --budget SIZE or FRACTION (e.g. 2GiB, 0.5)")
-    options = RewriteOptions(policy, list(patterns), batch_size, list(backward_scope) or None,
-                             grappler, keep_timeline=bool(plot), swap=swap,
-                             keep_worse=keep_worse, early_updates=early_updates,
-                             budget=budget, recompute_loops=recompute_loops,
-                             loop_recompute=loop_bodies)
     with _progress(as_json) as progress:
-        result = rewrite_file(model, output, options, fmt, tag, function,
-                              on_stage=progress.stage)
-        if plot:
-            from graphmem.report.plot import Series, write_plot
-
-            progress.stage("drawing the plot")
-            write_plot(plot, [Series("original", result.before.timeline),
-                              Series(f"rewritten ({policy})", result.after.timeline)],
-                       f"graphmem rewrite {Path(model).name}")
+        result = api.rewrite(model, output, policy, format=fmt, tag=tag, function=function,
+                             batch_size=batch_size, backward_scope=backward_scope,
+                             budget=budget, checkpoints=patterns, early_updates=early_updates,
+                             recompute_loops=recompute_loops, loop_bodies=loop_bodies,
+                             keep_worse=keep_worse, grappler=grappler, max_peak=max_peak,
+                             plot=plot, check=False, on_stage=progress.stage, **swap_kw)
     if as_json:
         from graphmem.report.json_out import emit
-        from graphmem.report.rewrite_report import rewrite_document
 
-        emit(rewrite_document(result, str(output), plot))
+        emit(result.to_json())
     else:
         from graphmem.report.rewrite_report import render_rewrite
 
-        render_rewrite(result, str(output), _console(), plot)
-    final = result.before if result.reverted else result.after
-    _gate(final.peak_bytes, limit, "estimated step peak after the rewrite")
-    if result.budget_bytes is not None and final.peak_bytes > result.budget_bytes:
-        from graphmem.errors import CheckFailed
-        from graphmem.units import format_bytes
+        render_rewrite(result, result.output, _console(), plot)
+    result.check()
 
-        raise CheckFailed(
-            f"--budget not met: the lowest plan found peaks at "
-            f"{format_bytes(final.peak_bytes)}, above the budget "
-            f"{format_bytes(result.budget_bytes)} (by "
-            f"{format_bytes(final.peak_bytes - result.budget_bytes)}); it was written to "
-            f"{output} (`graphmem plan` shows the lowest peaks reachable)")
 
 
 @main.command()
@@ -453,52 +361,22 @@ def verify(original, rewritten, fmt, tag, function, batch_size, backward_scope, 
     """Train ORIGINAL and REWRITTEN side by side; compare losses, variables and peak memory.
 
     Exits 1 when training differs beyond the tolerances."""
-    from graphmem.analysis.batch import resolve_batch_size
-    from graphmem.errors import CheckFailed
-    from graphmem.runtime.train_runner import RunSpec, load_feed_files
-    from graphmem.runtime.verify import verify as run_verify
-
-    feed_values = load_feed_files(list(feeds))
     with _progress(as_json) as progress:
-        progress.stage("reading the original model")
-        batch = resolve_batch_size(_open(original, fmt, tag, function), batch_size,
-                                   feed_values)
-        if batch.needed:
-            from graphmem.analysis.batch import missing_batch_message
-
-            raise UsageError(missing_batch_message(batch) + " (random feeds need it)")
-        spec = RunSpec(train_op, loss, None, batch.size or 1, feed_values, seed, threads,
-                       grappler=not exact, backward_scopes=list(backward_scope) or None)
-        if exact:
-            rtol = atol = 0.0
-        progress.stage("loading TensorFlow and both graphs")
-        result = run_verify(original, rewritten, spec, steps, rtol, atol, fmt, tag, function,
-                            warmup=warmup, on_step=progress.step)
+        result = api.verify(original, rewritten, format=fmt, tag=tag, function=function,
+                            batch_size=batch_size, backward_scope=backward_scope, steps=steps,
+                            warmup=warmup, feed=feeds, train_op=train_op, loss=loss,
+                            threads=threads, seed=seed, rtol=rtol, atol=atol, exact=exact,
+                            check=False, on_stage=progress.stage, on_step=progress.step)
     if as_json:
         from graphmem.report.json_out import emit
-        from graphmem.report.verify_report import verify_document
 
-        emit(verify_document(result, batch.size, batch.source))
+        emit(result.to_json())
     else:
         from graphmem.report.verify_report import render_verify
 
-        render_verify(result, _console(), batch.size, batch.source)
-    if not result.same_training:
-        raise CheckFailed(differs_message(result, exact))
+        render_verify(result, _console(), result.batch_size, result.batch_from)
+    result.check()
 
-
-ROUNDING = 1e-4  # differences below this, with Grappler on, are most likely its fusions
-
-
-def differs_message(result, exact: bool) -> str:
-    """The one error line of a failed verify. With Grappler on, a correct rewrite can still
-    differ by float rounding (Grappler fuses ops only where an intermediate has one reader,
-    and a rewrite changes reader counts): say so, and how to compare without it."""
-    text = "training differs: " + "; ".join(result.mismatches[:3])
-    if not exact and max(result.max_loss_diff, result.max_variable_diff) < ROUNDING:
-        text += ("; all differences are below 1e-4, as when Grappler fuses the two graphs "
-                 "differently: `--exact` compares them with Grappler off")
-    return text
 
 
 @main.command()
@@ -514,26 +392,19 @@ def differs_message(result, exact: bool) -> str:
 def plan(model, fmt, tag, function, batch_size, backward_scope, points, plot, as_json):
     """Trade-off between peak memory and extra compute, with the memory and speed policies
     placed on it."""
-    from graphmem.plan import tradeoff
-
-    if plot:
-        valid.check_plot(plot, model)
     with _progress(as_json) as progress:
-        result = tradeoff(model, batch_size, fmt, tag, function, points,
-                          list(backward_scope) or None, on_stage=progress.stage)
-        if plot:
-            from graphmem.report.plot import write_tradeoff_plot
-
-            progress.stage("drawing the plot")
-            write_tradeoff_plot(plot, result, f"graphmem plan {Path(model).name}")
+        result = api.plan(model, format=fmt, tag=tag, function=function,
+                          batch_size=batch_size, backward_scope=backward_scope, points=points,
+                          plot=plot, check=False, on_stage=progress.stage)
     if as_json:
         from graphmem.report.json_out import emit
 
-        emit(result)
+        emit(result.to_json())
         return
     from graphmem.report.plan_report import render_plan
 
     render_plan(result, _console(), plot)
+
 
 
 def run() -> None:

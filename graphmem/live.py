@@ -69,7 +69,7 @@ def function(tf_function: Any, *example_args: Any, policy: str = "memory",
         raise UsageError("graphmem.function wants a tf.function (decorate the train step "
                          f"with @tf.function); got {type(tf_function).__name__}")
     kwargs = options.pop("example_kwargs", None) or {}
-    for key in ("output", "format", "tag", "function", "plot"):
+    for key in ("output", "format", "tag_set", "tag", "function", "plot"):
         if key in options:
             raise UsageError(f"graphmem.function takes no {key!r} option: the step is "
                              "rewritten in memory")

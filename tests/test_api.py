@@ -30,9 +30,9 @@ def _without(doc: dict, *keys) -> dict:
 # ------------------------------------------------------------------ same as the CLI
 
 def test_inspect_to_json_is_the_cli_document():
-    result = graphmem.inspect(str(MLP), top=5)
+    result = graphmem.inspect(str(MLP), top=5, batch_size=16)
     assert isinstance(result, graphmem.InspectResult)
-    assert result.to_json() == _cli_json("inspect", MLP, "--top", "5")
+    assert result.to_json() == _cli_json("inspect", MLP, "--top", "5", "--batch-size", "16")
     assert result.estimated_peak_bytes > 0 and result.to_json()["timeline"] == []
 
 
@@ -59,9 +59,9 @@ def test_rewrite_swap_options_as_keywords(tmp_path):
 
 
 def test_plan_to_json_is_the_cli_document():
-    curve = graphmem.plan(MLP, points=4)
+    curve = graphmem.plan(MLP, points=4, batch_size=16)
     assert isinstance(curve, graphmem.Tradeoff)
-    assert curve.to_json() == _cli_json("plan", MLP, "--points", "4")
+    assert curve.to_json() == _cli_json("plan", MLP, "--points", "4", "--batch-size", "16")
     assert {p.label for p in curve.policies} == {"memory", "speed"}
 
 
@@ -69,17 +69,93 @@ def test_plan_to_json_is_the_cli_document():
 def test_verify_to_json_has_the_cli_document(tmp_path):
     out = tmp_path / "out.meta"
     graphmem.rewrite(MLP, out, batch_size=16)
-    result = graphmem.verify(MLP, out, steps=2, exact=True)
+    result = graphmem.verify(MLP, out, steps=2, exact=True, batch_size=16)
     assert isinstance(result, graphmem.VerifyResult) and result.same_training
-    doc = _cli_json("verify", MLP, out, "--steps", "2", "--exact")
+    doc = _cli_json("verify", MLP, out, "--steps", "2", "--exact", "--batch-size", "16")
     mine = result.to_json()
     assert mine.keys() == doc.keys()
     # measured peaks and step times change from run to run; training does not
     for key in ("same_training", "max_loss_diff", "max_variable_diff", "variables_compared",
-                "rtol", "atol", "mismatches"):
+                "rtol", "atol", "mismatches", "batch_size", "batch_from"):
         assert mine[key] == doc[key], key
     assert mine["original"]["losses"] == doc["original"]["losses"]
     assert mine["original"]["path"] == str(MLP)
+
+
+# ------------------------------------------------------------------ the CLI's behaviour
+
+def test_without_a_batch_size_inspect_counts_and_the_rest_ask_for_it(tmp_path):
+    """The MLP's inputs are [?, 16]: inspect still counts, with sizes unknown (the CLI's
+    document, peak null); what needs sizes stops with the CLI's usage error, before
+    anything is written."""
+    facts = graphmem.inspect(MLP)
+    assert facts.estimated_peak_bytes is None
+    assert facts.to_json()["estimated_peak_bytes"] is None
+    assert facts.to_json() == _cli_json("inspect", MLP)
+    assert facts.to_json()["saved_activations"]["unknown_size_count"] > 0
+    cli = run_cli("rewrite", MLP, "-o", tmp_path / "cli.meta")
+    assert cli.exit_code == 2
+    calls = [lambda: graphmem.rewrite(MLP, tmp_path / "out.meta"),
+             lambda: graphmem.rewrite(MLP),
+             lambda: graphmem.plan(MLP, points=3),
+             lambda: graphmem.inspect(MLP, plot=tmp_path / "p.svg"),
+             lambda: graphmem.inspect(MLP, max_peak="1GiB")]
+    for call in calls:
+        with pytest.raises(UsageError, match="give it with --batch-size N") as info:
+            call()
+        assert info.value.exit_code == 2
+        assert f"graphmem: error: {info.value}" in cli.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_stage_is_told_to_on_stage(tmp_path):
+    stages = []
+    graphmem.rewrite(MLP, tmp_path / "o.meta", batch_size=8, plot=tmp_path / "o.svg",
+                     on_stage=stages.append)
+    assert stages == ["reading the model", "rewriting", "writing the output",
+                      "drawing the plot"]
+    stages.clear()
+    graphmem.rewrite(MLP, batch_size=8, on_stage=stages.append)  # nothing written
+    assert stages == ["reading the model", "rewriting"]
+    stages.clear()
+    graphmem.inspect(MLP, on_stage=stages.append)
+    assert stages == ["reading the model", "analysing"]
+    stages.clear()
+    graphmem.plan(MLP, batch_size=8, points=2, on_stage=stages.append)
+    assert stages[0] == "reading the model" and "rewriting with the speed policy" in stages
+
+
+def test_tag_set_and_its_alias_tag():
+    saved = fixture_path("tf1_saved_model_train")
+    by_tag_set = graphmem.inspect(saved, tag_set="train", batch_size=4).to_json()
+    assert by_tag_set == graphmem.inspect(saved, tag="train", batch_size=4).to_json()
+    assert by_tag_set == _cli_json("inspect", saved, "--tag-set", "train", "--batch-size", "4")
+    with pytest.raises(UsageError, match="--tag-set and --tag"):
+        graphmem.inspect(saved, tag_set="train", tag="serve")
+
+
+@pytest.mark.parametrize("call, match", [
+    # the CLI's checks of option values (graphmem/options.py), with --swap off too
+    (lambda o: graphmem.rewrite(MLP, o, swap_include="(", batch_size=8), "--swap-include"),
+    (lambda o: graphmem.rewrite(MLP, o, swap=True, swap_start="[", batch_size=8),
+     "--swap-start"),
+    (lambda o: graphmem.rewrite(MLP, o, backward_scope=["grad(", "x"]), "--backward-scope"),
+    (lambda o: graphmem.rewrite(MLP, o, batch_size=2**31), "--batch-size"),
+    (lambda o: graphmem.rewrite(MLP, o, budget=float("nan")), "--budget"),
+    (lambda o: graphmem.rewrite(MLP, o, swap=True, swap_in_ahead="1:²"), "--swap-in-ahead"),
+    (lambda o: graphmem.rewrite(MLP, o, plot=o.parent / "p.pdf"), "--plot"),
+    (lambda o: graphmem.rewrite(MLP, o.parent / "a.svg", plot=o.parent / "a.svg"),
+     "another output"),
+    (lambda o: graphmem.rewrite(MLP, MLP), "input model"),
+    (lambda o: graphmem.verify(MLP, o, rtol=float("inf")), "--rtol"),
+    (lambda o: graphmem.verify(MLP, o, seed=-1), "--seed"),
+])
+def test_the_cli_option_checks_apply(tmp_path, call, match):
+    out = tmp_path / "out.meta"
+    with pytest.raises(GraphmemError, match=match) as info:
+        call(out)
+    assert info.value.exit_code == 2
+    assert not any(tmp_path.rglob("*"))
 
 
 # ------------------------------------------------------------------ in-memory models
@@ -130,7 +206,8 @@ def test_in_memory_rewrite_writes_the_format_its_output_names(tmp_path):
 
 def test_in_memory_plan_matches_the_file():
     meta = _graph_def_from(MLP)
-    assert graphmem.plan(meta, points=3).to_json() == graphmem.plan(MLP, points=3).to_json()
+    assert graphmem.plan(meta, points=3, batch_size=16).to_json() == \
+        graphmem.plan(MLP, points=3, batch_size=16).to_json()
 
 
 # ------------------------------------------------------------------ errors
@@ -186,15 +263,15 @@ def test_unknown_keyword_is_a_type_error(tmp_path):
 
 def test_max_peak_gate_raises_check_failed_or_waits_for_check(tmp_path):
     with pytest.raises(CheckFailed, match="above the limit") as info:
-        graphmem.inspect(MLP, max_peak=1)
+        graphmem.inspect(MLP, max_peak=1, batch_size=16)
     assert info.value.exit_code == 1
-    result = graphmem.inspect(MLP, max_peak="1KiB", check=False)
+    result = graphmem.inspect(MLP, max_peak="1KiB", batch_size=16, check=False)
     with pytest.raises(CheckFailed):
         result.check()
-    graphmem.inspect(MLP, max_peak="10GiB")  # under the limit: no error
+    graphmem.inspect(MLP, max_peak="10GiB", batch_size=16)  # under the limit: no error
     out = tmp_path / "out.meta"
     with pytest.raises(CheckFailed, match="after the rewrite"):
-        graphmem.rewrite(MLP, out, max_peak=1)
+        graphmem.rewrite(MLP, out, max_peak=1, batch_size=16)
     assert out.exists()  # as the CLI: written, then exit 1
 
 
@@ -230,7 +307,7 @@ def test_rewrite_and_plan_are_functions_and_still_their_modules():
 def test_verify_in_memory_models():
     meta = _graph_def_from(MLP)
     rewritten = graphmem.rewrite(meta, batch_size=16).rewritten
-    result = graphmem.verify(meta, rewritten, steps=2, exact=True)
+    result = graphmem.verify(meta, rewritten, steps=2, exact=True, batch_size=16)
     assert result.same_training and result.max_variable_diff == 0
     assert result.variables_compared > 0
     assert result.to_json()["original"]["path"] == "<in-memory MetaGraphDef>"
@@ -250,7 +327,7 @@ def test_verify_differing_training_raises_check_failed(tmp_path):
             changed += 1
     assert changed == 1
     with pytest.raises(CheckFailed, match="training differs") as info:
-        graphmem.verify(MLP, other, steps=2)
+        graphmem.verify(MLP, other, steps=2, batch_size=16)
     assert info.value.exit_code == 1
-    result = graphmem.verify(MLP, other, steps=2, check=False)
+    result = graphmem.verify(MLP, other, steps=2, batch_size=16, check=False)
     assert not result.same_training and result.mismatches
