@@ -1,0 +1,68 @@
+"""The spread of the estimated peak over TF's executor orders: the lowest and the highest
+peak of the orders simulated, which one a training run reaches, and the reports' words."""
+
+import json
+from functools import partial
+
+from graphmem.analysis.memory import estimate_memory as _estimate_memory
+from graphmem.analysis.schedule import executor_order
+from graphmem.report.inspect_report import shows_spread, spread_sentence
+from tests.conftest import fixture_path, run_cli
+from tests.graphbuilder import G
+
+U = 8192
+N = (2048,)
+estimate_memory = partial(_estimate_memory, allocator=False)
+
+
+def _warm_up_graph():
+    # s is a's small last reader: inline in the steady state (a freed before b runs),
+    # dispatched in the warm-up (b runs while a is live)
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("s", "Op", "a", shape=(4,))
+    g.op("b", "Op", "x", "^a", shape=N)
+    return g.index()
+
+
+def test_every_order_walked_is_reported_with_its_peak():
+    ix = _warm_up_graph()
+    est = estimate_memory(ix)
+    by_phase = {o.phase: o.peak_bytes for o in est.orders}
+    assert by_phase == {"steady": 2 * U + 256, "warm-up": 3 * U}
+    assert est.peak_bytes == max(by_phase.values())  # the highest: a run reaches it
+    assert est.lowest_peak_bytes == 2 * U + 256
+    assert (est.phase, est.lowest_phase) == ("warm-up", "steady")
+
+
+def test_a_given_order_has_no_spread():
+    ix = _warm_up_graph()
+    est = estimate_memory(ix, order=executor_order(ix, warm_up=True))
+    assert len(est.orders) == 1
+    assert est.lowest_peak_bytes == est.peak_bytes == 3 * U
+
+
+def test_the_spread_is_said_in_plain_words():
+    text = spread_sentence(3 << 20, 2 << 20, "warm-up", "steady")
+    assert "varies with TensorFlow's op order" in text
+    assert "2.0 MiB (steady) to 3.0 MiB (warm-up)" in text and "1.50x" in text
+    assert not shows_spread(1000, 995) and shows_spread(1000, 900)
+
+
+def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
+    doc = json.loads(run_cli("inspect", fixture_path("mlp"), "--batch-size", "64",
+                             "--json").stdout)
+    peak = doc["peak"]
+    assert peak["highest_bytes"] == doc["estimated_peak_bytes"]
+    assert peak["lowest_bytes"] <= peak["highest_bytes"]
+    assert peak["highest_phase"] in ("steady", "warm-up")
+    assert max(o["peak_bytes"] for o in peak["orders"]) == peak["highest_bytes"]
+    assert min(o["peak_bytes"] for o in peak["orders"]) == peak["lowest_bytes"]
+    res = run_cli("rewrite", fixture_path("mlp"), "-o", tmp_path / "r.meta",
+                  "--batch-size", "64", "--json")
+    out = json.loads(res.stdout)
+    for side in ("before", "after"):
+        spread = out[side]["peak_spread"]
+        assert spread["highest_bytes"] == out[side]["estimated_peak_bytes"]
+        assert spread["lowest_bytes"] <= spread["highest_bytes"]
