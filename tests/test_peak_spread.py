@@ -66,3 +66,25 @@ def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
         spread = out[side]["peak_spread"]
         assert spread["highest_bytes"] == out[side]["estimated_peak_bytes"]
         assert spread["lowest_bytes"] <= spread["highest_bytes"]
+
+
+def test_a_rewrite_is_kept_only_when_its_highest_peak_is_lower(tmp_path, monkeypatch):
+    import graphmem.rewrite as rewrite
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    src = fixture_path("mlp")
+    base = rewrite_file(src, tmp_path / "a.meta", RewriteOptions("memory", [], 64))
+    assert not base.reverted and base.after.peak_bytes < base.before.peak_bytes
+    # the same edits, estimated at exactly the original's highest peak: nothing gained
+    original = base.before.peak_bytes
+    real = rewrite._estimate
+
+    def same_peak(ws, regions, options):
+        est = real(ws, regions, options)
+        est.peak_bytes = original
+        return est
+
+    monkeypatch.setattr(rewrite, "_estimate", same_peak)
+    tie = rewrite_file(src, tmp_path / "b.meta", RewriteOptions("memory", [], 64))
+    assert tie.reverted
+    assert (tmp_path / "b.meta").read_bytes() == src.read_bytes()

@@ -159,8 +159,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                   f"{format_bytes(a.persistent_bytes)}")
     console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
-        console.print("[yellow]the rewrite would raise the estimated peak: wrote the graph "
-                      "unchanged[/] (--keep-worse keeps it)")
+        console.print("[yellow]the rewrite would not lower the estimated highest peak: "
+                      "wrote the graph unchanged[/] (--keep-worse keeps it)")
     width = 30
     top = max(b.peak_bytes, a.peak_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
