@@ -124,3 +124,20 @@ def test_ops_readied_together_are_also_walked_in_reverse_order():
     assert len(peaks) == 2 and est.peak_bytes == max(
         estimate_memory(ix, order=forward).peak_bytes,
         estimate_memory(ix, order=reverse).peak_bytes)
+
+
+def test_big_steps_are_walked_in_graph_order_only(monkeypatch):
+    from graphmem.analysis import schedule
+
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("big", "Op", "a", shape=(4 * 2048,))
+    g.op("b", "Op", "a", shape=N)
+    g.op("use", "Op", "big", "^b", shape=N)
+    ix = g.index()
+    assert len(schedule.executor_orders(ix)) > 1
+    monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
+    assert schedule.executor_orders(ix) == [("steady", executor_order(ix))] or all(
+        order in (executor_order(ix), executor_order(ix, warm_up=True))
+        for _, order in schedule.executor_orders(ix))

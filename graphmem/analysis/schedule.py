@@ -54,6 +54,8 @@ CHEAP_OPS = frozenset({
     "LoopCond", "RefIdentity", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs",
     "DynamicStitch", "Pack", "StridedSlice", "ConcatOffset", "InvertPermutation", "Range",
 })
+# Steps with more ops are walked in GraphDef order only (executor_orders).
+REVERSE_WALK_OPS = 50_000
 # Ops this small are taken as inexpensive (TF learns so after ~90 runs of each).
 _SMALL_BYTES = 4096
 
@@ -76,12 +78,16 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     nodes), and of two expensive ops readied together it runs one at once and queues the
     other. Traced on tf-slim's AlexNet: TF ran a fully connected layer's input gradient
     before its weight gradient, the reverse of the graph's order, so each weight gradient
-    (and its decay term) waited, queued, to the end of the backward pass."""
+    (and its decay term) waited, queued, to the end of the backward pass. Each order costs
+    a simulation of the step, so the reverse walks are taken for steps of at most
+    REVERSE_WALK_OPS ops (real networks' steps; synthetic 100k-op chains keep the time
+    they had)."""
     step = _StepGraph(index, nodes, batch_size, bypassed)
     found = [("steady", step.walk(warm_up=False))]
-    candidates = [("steady", step.walk(warm_up=False, reverse=True)),
-                  ("warm-up", step.walk(warm_up=True)),
-                  ("warm-up", step.walk(warm_up=True, reverse=True))]
+    candidates = [("warm-up", step.walk(warm_up=True))]
+    if len(found[0][1]) <= REVERSE_WALK_OPS:
+        candidates = [("steady", step.walk(warm_up=False, reverse=True)), *candidates,
+                      ("warm-up", step.walk(warm_up=True, reverse=True))]
     if step.function_body:
         candidates.append(("warm-up", step.walk(warm_up=True, fifo=True)))
     for phase, order in candidates:
