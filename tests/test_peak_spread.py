@@ -138,6 +138,5 @@ def test_big_steps_are_walked_in_graph_order_only(monkeypatch):
     ix = g.index()
     assert len(schedule.executor_orders(ix)) > 1
     monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
-    assert schedule.executor_orders(ix) == [("steady", executor_order(ix))] or all(
-        order in (executor_order(ix), executor_order(ix, warm_up=True))
-        for _, order in schedule.executor_orders(ix))
+    assert all(order in (executor_order(ix), executor_order(ix, warm_up=True))
+               for _, order in schedule.executor_orders(ix))

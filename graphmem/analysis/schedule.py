@@ -161,6 +161,14 @@ class _StepGraph:
         # gives its readers a data edge from that op
         self.forwards = [data_inputs[i][0][0] if t and data_inputs[i] else -1
                          for i, t in enumerate(self.transparent)]
+        if not any(ops[i] == "_Arg" for i in sources):
+            # a TF1 step's constants run first: traced (tf-slim AlexNet, one inter-op
+            # thread), every root Const ran before the feeds and variables, wherever the
+            # GraphDef had it; one built late (a gradient's `zeros`) otherwise holds back
+            # the op that reads it, and with it the order of the backward pass
+            consts = [i for i in sources if ops[i] in _CONST_OPS]
+            if consts:
+                sources = consts + [i for i in sources if ops[i] not in _CONST_OPS]
         sources.reverse()
         self.sources = sources
         # a function body (a TF2 train step): its sources start together
@@ -263,6 +271,7 @@ class _StepGraph:
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
+_CONST_OPS = frozenset({"Const", "HostConst"})
 _REMOVABLE_TYPES = frozenset({"NoOp", "Identity"})  # see _grappler_removes
 _EXITS = frozenset({"Exit", "RefExit"})
 
