@@ -1245,13 +1245,15 @@ static int cmp_ids(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* ready ops held as id + n when readied through a control edge: data ones first, each
- * kind in descending id order (executor_walk's `reverse`); n set by the walk */
+/* ready ops held as id + n when readied through a control edge: data ones first, in id
+ * order, then the control ones in descending id order (executor_walk's `reverse`); n set
+ * by the walk */
 static Py_ssize_t walk_n;
 static int cmp_ids_reversed(const void *a, const void *b) {
     Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
     int cx = x >= walk_n, cy = y >= walk_n;
     if (cx != cy) return cx - cy;
+    if (!cx) return (x > y) - (x < y);
     return (x < y) - (x > y);
 }
 

@@ -72,8 +72,9 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     measured 122, 136 and 145 KiB in three processes). A TF1 step runs on the pool thread
     after its first op: last in, first out.
 
-    Each phase is also walked with the ops readied together taken in the reverse order
-    (`reverse`): TF's out-edge order is the GraphDef order of the graph Grappler hands the
+    The warm-up is also walked with the ops readied together through control edges taken
+    in the reverse order (`reverse`; tf.gradients' groups become control edges in
+    Grappler's graph): TF's out-edge order is the GraphDef order of the graph Grappler hands the
     executor, which graphmem cannot see (Grappler sorts it again, constant folding appends
     nodes), and of two expensive ops readied together it runs one at once and queues the
     other. Traced on tf-slim's AlexNet: TF ran a fully connected layer's input gradient
@@ -86,8 +87,7 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     found = [("steady", step.walk(warm_up=False))]
     candidates = [("warm-up", step.walk(warm_up=True))]
     if len(found[0][1]) <= REVERSE_WALK_OPS:
-        candidates = [("steady", step.walk(warm_up=False, reverse=True)), *candidates,
-                      ("warm-up", step.walk(warm_up=True, reverse=True))]
+        candidates.append(("warm-up", step.walk(warm_up=True, reverse=True)))
     if step.function_body:
         candidates.append(("warm-up", step.walk(warm_up=True, fifo=True)))
     for phase, order in candidates:
@@ -104,9 +104,11 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     in its warm-up (`warm_up`: only CHEAP_OPS run inline), its dispatched ops taken last
     in, first out or (`fifo`) first in, first out. Ops Grappler removes before the step
     (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op that
-    readies them, and what they ready is readied by that op. `reverse`: ops readied
-    together in the reverse of the GraphDef's order (data edges still before control
-    edges)."""
+    readies them, and what they ready is readied by that op. `reverse`: the ops readied
+    together through control edges in the reverse of the GraphDef's order (after those
+    readied through data edges, in order). Reversing the data-readied ones, or the steady
+    state's, made recompute segments run ahead of the gradients that hold them back,
+    which measured rewrites do not."""
     return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo, reverse)
 
 
@@ -245,8 +247,8 @@ class _StepGraph:
                     x = removed.pop()
                     x, via = (x - n, n) if x >= n else (x, 0)
                 if len(ready) > 1:
-                    if reverse:  # data edges first, each kind in reverse GraphDef order
-                        ready.sort(key=lambda r: (r >= n, -r))
+                    if reverse:  # data edges first, the control ones in reverse order
+                        ready.sort(key=lambda r: 3 * n - 1 - r if r >= n else r)
                     else:
                         ready.sort()
                 expensive = None
