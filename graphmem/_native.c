@@ -1245,22 +1245,36 @@ static int cmp_ids(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order */
+/* ready ops held as id + n when readied through a control edge: data ones first, in id
+ * order, then the control ones in descending id order (executor_walk's `reverse`); n set
+ * by the walk */
+static Py_ssize_t walk_n;
+static int cmp_ids_reversed(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    int cx = x >= walk_n, cy = y >= walk_n;
+    if (cx != cy) return cx - cy;
+    if (!cx) return (x > y) - (x < y);
+    return (x < y) - (x > y);
+}
+
+/* executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo, forwards,
+ * reverse=False) -> order */
 static PyObject *executor_walk(PyObject *self, PyObject *args) {
-    PyObject *succ_lists, *indeg_list, *sources;
+    PyObject *succ_lists, *indeg_list, *sources, *forwards_list;
     Py_buffer cheap, transparent;
-    int function_body, fifo;
-    if (!PyArg_ParseTuple(args, "O!O!y*y*O!pp", &PyList_Type, &succ_lists, &PyList_Type,
+    int function_body, fifo, reverse = 0;
+    if (!PyArg_ParseTuple(args, "O!O!y*y*O!ppO!|p", &PyList_Type, &succ_lists, &PyList_Type,
                           &indeg_list, &cheap, &transparent, &PyList_Type, &sources,
-                          &function_body, &fifo))
+                          &function_body, &fifo, &PyList_Type, &forwards_list, &reverse))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(succ_lists);
     PyObject *result = NULL;
     Py_ssize_t *start = NULL, *succ = NULL, *indeg = NULL, *order = NULL, *ready = NULL,
-               *removed = NULL;
+               *removed = NULL, *forwards = NULL;
     Deque inline_q = {NULL, 0, 0, 0}, tasks = {NULL, 0, 0, 0};
     const char *c = cheap.buf, *t = transparent.buf;
-    if (PyList_GET_SIZE(indeg_list) != n || cheap.len < n || transparent.len < n) {
+    if (PyList_GET_SIZE(indeg_list) != n || cheap.len < n || transparent.len < n ||
+        PyList_GET_SIZE(forwards_list) != n) {
         PyErr_SetString(PyExc_ValueError, "executor_walk: one entry per node");
         goto done;
     }
@@ -1269,9 +1283,11 @@ static PyObject *executor_walk(PyObject *self, PyObject *args) {
     order = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     ready = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     removed = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    forwards = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     inline_q.items = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
     tasks.items = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
-    if (!start || !indeg || !order || !ready || !removed || !inline_q.items || !tasks.items) {
+    if (!start || !indeg || !order || !ready || !removed || !forwards || !inline_q.items ||
+        !tasks.items) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1287,6 +1303,8 @@ static PyObject *executor_walk(PyObject *self, PyObject *args) {
         start[i + 1] = edges;
         indeg[i] = PyLong_AsSsize_t(PyList_GET_ITEM(indeg_list, i));
         if (indeg[i] == -1 && PyErr_Occurred()) goto done;
+        forwards[i] = PyLong_AsSsize_t(PyList_GET_ITEM(forwards_list, i));
+        if (forwards[i] == -1 && PyErr_Occurred()) goto done;
     }
     succ = PyMem_Malloc(((size_t)edges + 1) * sizeof(Py_ssize_t));
     if (!succ) {
@@ -1295,8 +1313,9 @@ static PyObject *executor_walk(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *l = PyList_GET_ITEM(succ_lists, i);
+        /* a control edge's successor is its id + n */
         for (Py_ssize_t k = 0; k < PyList_GET_SIZE(l); k++)
-            if (node_id(PyList_GET_ITEM(l, k), n, &succ[start[i] + k]) < 0) goto done;
+            if (node_id(PyList_GET_ITEM(l, k), 2 * n, &succ[start[i] + k]) < 0) goto done;
     }
     Py_ssize_t n_sources = PyList_GET_SIZE(sources);
     if (n_sources > n) {
@@ -1317,27 +1336,39 @@ static PyObject *executor_walk(PyObject *self, PyObject *args) {
         Py_ssize_t i = dq_popleft(&inline_q);
         if (len >= n) break; /* an op twice: malformed input, stop */
         order[len++] = i;
-        /* the ops i made ready, through ops Grappler removes (they complete at once) */
-        Py_ssize_t n_ready = 0, n_removed = 0, x = i;
+        /* the ops i made ready, through ops Grappler removes (they complete at once); one
+         * readied through a control edge is held as j + n: data out-edges come first */
+        Py_ssize_t n_ready = 0, n_removed = 0, x = i, via = 0;
         for (;;) {
             for (Py_ssize_t e = start[x]; e < start[x + 1]; e++) {
-                Py_ssize_t j = succ[e];
+                Py_ssize_t j = succ[e], kind = via;
+                if (j >= n) {
+                    j -= n;
+                    kind = n;
+                }
                 if (--indeg[j]) continue;
                 if (t[j]) {
                     if (len >= n) goto overflow;
                     order[len++] = j;
-                    removed[n_removed++] = j;
+                    /* a removed Identity of i's output: its readers read i's data */
+                    removed[n_removed++] = forwards[j] == i ? j : j + kind;
                 } else {
-                    ready[n_ready++] = j;
+                    ready[n_ready++] = j + kind;
                 }
             }
             if (!n_removed) break;
             x = removed[--n_removed];
+            via = x >= n ? n : 0;
+            if (x >= n) x -= n;
         }
-        if (n_ready > 1) qsort(ready, (size_t)n_ready, sizeof(Py_ssize_t), cmp_ids);
+        if (n_ready > 1) {
+            walk_n = n;
+            qsort(ready, (size_t)n_ready, sizeof(Py_ssize_t),
+                  reverse ? cmp_ids_reversed : cmp_ids);
+        }
         Py_ssize_t expensive = -1;
         for (Py_ssize_t k = 0; k < n_ready; k++) {
-            Py_ssize_t j = ready[k];
+            Py_ssize_t j = ready[k] >= n ? ready[k] - n : ready[k];
             if (c[j]) {
                 dq_push(&inline_q, j);
             } else {
@@ -1364,6 +1395,7 @@ done:
     PyMem_Free(order);
     PyMem_Free(ready);
     PyMem_Free(removed);
+    PyMem_Free(forwards);
     PyMem_Free(inline_q.items);
     PyMem_Free(tasks.items);
     return result;
@@ -1382,7 +1414,8 @@ static PyMethodDef methods[] = {
      "start on), data_inputs, control_inputs, consumers, control_consumers, max_out): "
      "GraphIndex.build's reading of nodes, compiled."},
     {"executor_walk", executor_walk, METH_VARARGS,
-     "executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo) -> order: "
+     "executor_walk(succ, indeg, cheap, transparent, sources, function_body, fifo, forwards) "
+     "-> order: "
      "schedule._StepGraph.walk of a graph without v1 loops, compiled."},
     {"read_attrs", read_attrs, METH_VARARGS,
      "read_attrs(serialized GraphDef, start) -> (signature ids, their representative nodes, "

@@ -163,7 +163,12 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         before_job.cancel()
         raise
     before = before_job.result() or _estimate_bytes(ws, original, options)
-    reverted = after.peak_bytes > before.peak_bytes and not options.keep_worse
+    # kept only when its highest peak over the executor's orders (the one a training run
+    # reaches) is below the original's: an edited graph that saves nothing is undone too
+    edited = any(getattr(plan, "changed", False) for plan in done.plans.values())
+    reverted = not options.keep_worse and (
+        after.peak_bytes > before.peak_bytes
+        or (edited and after.peak_bytes == before.peak_bytes))
     new_index = done.index
     if reverted:  # never hand back a graph the estimate says is worse
         new_index = restore(reindex=False)

@@ -81,11 +81,12 @@ def test_a_rewrite_that_raises_the_estimate_is_undone(tmp_path):
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
     # with no recompute policy, the v1 LSTM fixture's rewrite is the schedule passes alone:
-    # the extra Identity that holds each loop sum's term back is estimated to cost more
-    # than it frees (the estimate runs one iteration of the loop)
+    # the extra Identity that holds each loop sum's term back is estimated to free nothing
+    # at the highest of the executor's orders (the estimate runs one iteration of the
+    # loop), and a rewrite is kept only when that peak is lower
     src = fixture_path("lstm_v1")
     result = rewrite_file(src, tmp_path / "a.meta", RewriteOptions("none", [], 64))
-    assert result.after.peak_bytes > result.before.peak_bytes
+    assert result.after.peak_bytes >= result.before.peak_bytes
     assert result.reverted
     assert load_model(tmp_path / "a.meta").container == load_model(src).container
     assert (tmp_path / "a.meta").read_bytes() == Path(src).read_bytes()  # the input itself

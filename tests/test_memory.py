@@ -235,13 +235,20 @@ def test_function_body_sources_start_together():
                                                          "j"]
     # at a2: m + a1 + a2 = 5U
     assert estimate_memory(ix).peak_bytes == 5 * U
-    # the same graph with a Placeholder for x (a TF1 graph): x's chain runs to its end
-    # before the next root k: at a2 and a3 4U, at j a3 + m + j = 4U
+    # the same graph with a Placeholder for x (a TF1 graph): each root's chain runs to
+    # its end before the next root; the constant k first (TF ran a TF1 step's root
+    # constants before its feeds and variables, traced on tf-slim's AlexNet): k, m, then
+    # x's chain, with m live throughout (at a2 m + a1 + a2 = 5U)
     g.graph_def.node[0].op = "Placeholder"
     tf1 = g.index()
-    assert [tf1.names[i] for i in executor_order(tf1)] == ["x", "a1", "a2", "a3", "k", "m",
+    assert [tf1.names[i] for i in executor_order(tf1)] == ["k", "m", "x", "a1", "a2", "a3",
                                                            "j"]
-    assert estimate_memory(tf1).peak_bytes == 4 * U
+    assert estimate_memory(tf1).peak_bytes == 5 * U
+    # without the constant first (k a Placeholder too), the roots run in graph order
+    g.graph_def.node[4].op = "Placeholder"
+    roots = g.index()
+    assert [roots.names[i] for i in executor_order(roots)] == ["x", "a1", "a2", "a3", "k",
+                                                               "m", "j"]
 
 
 def test_small_buffers_take_what_the_allocator_hands_out():

@@ -290,11 +290,13 @@ def test_the_compiled_executor_walk_agrees_with_the_python_walk(seed, monkeypatc
     compiled = schedule.executor_orders(ix, nodes, 4, bypassed)
     for warm_up in (False, True):
         for fifo in (False, True):
-            walked = schedule.executor_order(ix, nodes, 4, bypassed, warm_up, fifo)
-            with monkeypatch.context() as m:
-                m.setattr(schedule, "native", None)
-                assert walked == schedule.executor_order(ix, nodes, 4, bypassed, warm_up,
-                                                         fifo)
+            for reverse in (False, True):
+                walked = schedule.executor_order(ix, nodes, 4, bypassed, warm_up, fifo,
+                                                 reverse)
+                with monkeypatch.context() as m:
+                    m.setattr(schedule, "native", None)
+                    assert walked == schedule.executor_order(ix, nodes, 4, bypassed,
+                                                             warm_up, fifo, reverse)
     monkeypatch.setattr(schedule, "native", None)
     reference = schedule.executor_orders(ix, nodes, 4, bypassed)
     assert compiled == reference

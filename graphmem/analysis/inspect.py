@@ -126,7 +126,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         peak=None if mem is None else {
             "op": mem.peak_op, "position": mem.peak_position, "of": mem.ops_in_step,
             "phase": mem.phase, "live": mem.live_at_peak,
-            "unknown_tensors": mem.unknown_tensors},
+            "unknown_tensors": mem.unknown_tensors, **order_spread(mem)},
         untouched=untouched,
         batch_size=batch_size,
         shapes_from="tensorflow" if ws.shapes_from_tensorflow else "graph",
@@ -145,3 +145,14 @@ def floor_facts(floor: Floor) -> dict:
     return {"bytes": floor.bytes, "op": floor.op,
             "parts": [{"name": p.name, "bytes": p.bytes, "role": p.role}
                       for p in floor.parts]}
+
+
+def order_spread(mem) -> dict:
+    """The peak's spread over TF's executor orders, for reports: the highest (a training
+    run's peak, the one gates use) and the lowest, each with its phase, and every order
+    walked."""
+    return {"highest_bytes": mem.peak_bytes, "highest_phase": mem.phase,
+            "lowest_bytes": mem.lowest_peak_bytes, "lowest_phase": mem.lowest_phase,
+            "orders": [{"phase": o.phase, "peak_bytes": o.peak_bytes, "peak_op": o.peak_op}
+                       for o in mem.orders]}
+

@@ -98,6 +98,30 @@ class MemoryEstimate:
     # the executor's phase the peak is in: "steady" or "warm-up" (its first ~90 steps, when
     # TF dispatches small ops as tasks; see schedule.py)
     phase: str = "steady"
+    # the peak of each executor order simulated (one when the order was given): TF's order
+    # changes from process to process and from warm-up to steady state, and so does the
+    # peak. `peak_bytes` is the highest of them, the one a training run reaches
+    orders: list[OrderPeak] = field(default_factory=list)
+
+    @property
+    def lowest_peak_bytes(self) -> int:
+        """The lowest peak over the orders simulated: a run may peak this low."""
+        return min((o.peak_bytes for o in self.orders), default=self.peak_bytes)
+
+    @property
+    def lowest_phase(self) -> str:
+        """The phase of the order with the lowest peak."""
+        low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
+        return low.phase if low is not None else self.phase
+
+
+@dataclass
+class OrderPeak:
+    """One executor order the simulation walked: its phase, its peak and where."""
+
+    phase: str  # "steady" or "warm-up"
+    peak_bytes: int
+    peak_op: str
 
 
 def loop_body_peak(body: GraphIndex, batch_size: int | None, library: Message,
@@ -136,7 +160,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                          scratch_model(index, batch_size, onednn), allocator,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes)
     if order is not None or schedule != "executor":
-        return run_in(order if order is not None else index.topo)
+        return _with_orders(run_in(order if order is not None else index.topo), [])
     # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
     # its peak is the highest. On two cores forked children simulate the others
     # (the executor's orders hold only `nodes`: no need to filter them again)
@@ -144,11 +168,19 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     aside = [(phase, order, Background(partial(run_in, order, True), len(index)))
              for phase, order in others]
     best = run_in(first_order, True)
+    walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op)]
     for phase, order, job in aside:
         est = job.result() or run_in(order, True)
+        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op))
         if est.peak_bytes > best.peak_bytes:
             est.phase, best = phase, est
-    return best
+    return _with_orders(best, walked)
+
+
+def _with_orders(est: MemoryEstimate, walked: list[OrderPeak]) -> MemoryEstimate:
+    """The estimate with the orders walked to reach it (itself alone when none)."""
+    est.orders = walked or [OrderPeak(est.phase, est.peak_bytes, est.peak_op)]
+    return est
 
 
 @dataclass

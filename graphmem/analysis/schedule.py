@@ -54,6 +54,8 @@ CHEAP_OPS = frozenset({
     "LoopCond", "RefIdentity", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs",
     "DynamicStitch", "Pack", "StridedSlice", "ConcatOffset", "InvertPermutation", "Range",
 })
+# Steps with more ops are walked in GraphDef order only (executor_orders).
+REVERSE_WALK_OPS = 50_000
 # Ops this small are taken as inexpensive (TF learns so after ~90 runs of each).
 _SMALL_BYTES = 4096
 
@@ -68,28 +70,46 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     them, takes what it queues itself last in, first out; which thread readies an op
     changes from step to step and process to process, and so does the peak (a Keras step
     measured 122, 136 and 145 KiB in three processes). A TF1 step runs on the pool thread
-    after its first op: last in, first out."""
+    after its first op: last in, first out.
+
+    The warm-up is also walked with the ops readied together through control edges taken
+    in the reverse order (`reverse`; tf.gradients' groups become control edges in
+    Grappler's graph): TF's out-edge order is the GraphDef order of the graph Grappler hands the
+    executor, which graphmem cannot see (Grappler sorts it again, constant folding appends
+    nodes), and of two expensive ops readied together it runs one at once and queues the
+    other. Traced on tf-slim's AlexNet: TF ran a fully connected layer's input gradient
+    before its weight gradient, the reverse of the graph's order, so each weight gradient
+    (and its decay term) waited, queued, to the end of the backward pass. Each order costs
+    a simulation of the step, so the reverse walks are taken for steps of at most
+    REVERSE_WALK_OPS ops (real networks' steps; synthetic 100k-op chains keep the time
+    they had)."""
     step = _StepGraph(index, nodes, batch_size, bypassed)
     found = [("steady", step.walk(warm_up=False))]
-    candidates = [step.walk(warm_up=True)]
+    candidates = [("warm-up", step.walk(warm_up=True))]
+    if len(found[0][1]) <= REVERSE_WALK_OPS:
+        candidates.append(("warm-up", step.walk(warm_up=True, reverse=True)))
     if step.function_body:
-        candidates.append(step.walk(warm_up=True, fifo=True))
-    for order in candidates:
+        candidates.append(("warm-up", step.walk(warm_up=True, fifo=True)))
+    for phase, order in candidates:
         if all(order != seen for _, seen in found):
-            found.append(("warm-up", order))
+            found.append((phase, order))
     return found
 
 
 def executor_order(index: GraphIndex, nodes: set[int] | None = None,
                    batch_size: int | None = None,
                    bypassed: set[int] | None = None, warm_up: bool = False,
-                   fifo: bool = False) -> list[int]:
+                   fifo: bool = False, reverse: bool = False) -> list[int]:
     """The ops of `nodes` in the order TF's executor runs them, in its steady state or
     in its warm-up (`warm_up`: only CHEAP_OPS run inline), its dispatched ops taken last
     in, first out or (`fifo`) first in, first out. Ops Grappler removes before the step
     (`_grappler_removes`, and `bypassed`) take no turn: they complete with the op that
-    readies them, and what they ready is readied by that op."""
-    return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo)
+    readies them, and what they ready is readied by that op. `reverse`: the ops readied
+    together through control edges in the reverse of the GraphDef's order (after those
+    readied through data edges, in order). Reversing the data-readied ones, or the steady
+    state's, made recompute segments run ahead of the gradients that hold them back,
+    which measured rewrites do not."""
+    return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo, reverse)
 
 
 class _StepGraph:
@@ -122,7 +142,7 @@ class _StepGraph:
                     count += 1
             for s in control_inputs[i]:
                 if member[s]:
-                    succ[s].append(i)
+                    succ[s].append(i + n)  # a control edge (see _walk)
                     count += 1
             indeg[i] = count
             if not count:
@@ -139,27 +159,42 @@ class _StepGraph:
         self.index, self.member, self.succ, self.indeg = index, member, succ, indeg
         self.inexpensive, self.learned = inexpensive, learned
         self.transparent = _grappler_removes(index, member, bypassed)
+        # per removed op, the op whose output it forwards (-1: none, a NoOp): Grappler
+        # gives its readers a data edge from that op
+        self.forwards = [data_inputs[i][0][0] if t and data_inputs[i] else -1
+                         for i, t in enumerate(self.transparent)]
+        if not any(ops[i] == "_Arg" for i in sources):
+            # a TF1 step's constants run first: traced (tf-slim AlexNet, one inter-op
+            # thread), every root Const ran before the feeds and variables, wherever the
+            # GraphDef had it; one built late (a gradient's `zeros`) otherwise holds back
+            # the op that reads it, and with it the order of the backward pass
+            consts = [i for i in sources if ops[i] in _CONST_OPS]
+            if consts:
+                sources = consts + [i for i in sources if ops[i] not in _CONST_OPS]
         sources.reverse()
         self.sources = sources
         # a function body (a TF2 train step): its sources start together
         self.function_body = any(ops[i] == "_Arg" for i in self.sources)
         self.has_loops = any(index.frame)  # v1 loops (asked once, not per walk)
 
-    def walk(self, warm_up: bool = False, fifo: bool = False) -> list[int]:
+    def walk(self, warm_up: bool = False, fifo: bool = False,
+             reverse: bool = False) -> list[int]:
         index, member = self.index, self.member
         cheap = self.inexpensive if warm_up else self.learned
         if native is not None and not self.has_loops:  # the same walk in C (native.py)
             order = native.executor_walk(self.succ, self.indeg, cheap, self.transparent,
-                                         self.sources, self.function_body, fifo)
+                                         self.sources, self.function_body, fifo,
+                                         self.forwards, reverse)
         else:
-            order = self._walk(cheap, fifo)
+            order = self._walk(cheap, fifo, reverse)
         if len(order) != sum(member):  # should not happen on an indexed graph: keep every op
             seen = set(order)
             order.extend(i for i in index.topo if member[i] and i not in seen)
         return order
 
-    def _walk(self, cheap: bytearray, fifo: bool) -> list[int]:
+    def _walk(self, cheap: bytearray, fifo: bool, reverse: bool = False) -> list[int]:
         index, member, succ, transparent = self.index, self.member, self.succ, self.transparent
+        n, forwards = len(index), self.forwards
         indeg = list(self.indeg)
         tasks: deque[int] = deque()
         inline: deque[int] = deque()
@@ -183,27 +218,43 @@ class _StepGraph:
                 # the ops i made ready, in GraphDef order (TF's out-edges are), through
                 # ops Grappler removes, which complete at once (and join the order after
                 # i). Inline: this runs once per op
+                # An op is readied through a data edge or a control edge (a control edge
+                # on the path through removed ops makes it a control one, as Grappler
+                # rewires it, unless the removed op forwards i's own output); TF
+                # activates the data out-edges first, then the control ones, each in
+                # GraphDef order, so ready holds `j + n * control`, sorted
                 ready: list[int] = []
                 removed: list[int] = []  # completed ops Grappler removes, last first
-                x = i
+                x, via = i, 0  # via: n when x was reached through a control edge
                 while True:
-                    for j in succ[x]:
+                    for e in succ[x]:
+                        if e >= n:
+                            j, kind = e - n, n
+                        else:
+                            j, kind = e, via
                         d = indeg[j] - 1
                         indeg[j] = d
                         if d or (looping and loops.park(j)):
                             continue
                         if transparent[j]:
                             order.append(j)
-                            removed.append(j)
+                            # a removed Identity of i's output: its readers read i's data
+                            removed.append(j if forwards[j] == i else j + kind)
                         else:
-                            ready.append(j)
+                            ready.append(j + kind)
                     if not removed:
                         break
                     x = removed.pop()
+                    x, via = (x - n, n) if x >= n else (x, 0)
                 if len(ready) > 1:
-                    ready.sort()
+                    if reverse:  # data edges first, the control ones in reverse order
+                        ready.sort(key=lambda r: 3 * n - 1 - r if r >= n else r)
+                    else:
+                        ready.sort()
                 expensive = None
                 for j in ready:
+                    if j >= n:
+                        j -= n
                     if cheap[j]:
                         inline.append(j)
                     else:
@@ -222,6 +273,7 @@ class _StepGraph:
 
 
 _BACK_EDGE_SOURCES = frozenset({"NextIteration", "RefNextIteration"})
+_CONST_OPS = frozenset({"Const", "HostConst"})
 _REMOVABLE_TYPES = frozenset({"NoOp", "Identity"})  # see _grappler_removes
 _EXITS = frozenset({"Exit", "RefExit"})
 

@@ -84,6 +84,9 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
                   f"above persistent {format_bytes(facts.persistent_bytes)}{batch}")
     console.print(f"peak at {peak['op']} (op {peak['position'] + 1} of {peak['of']})"
                   f"{_PHASE_NOTE.get(peak['phase'], '')}")
+    if shows_spread(peak["highest_bytes"], peak["lowest_bytes"]):
+        console.print(spread_sentence(peak["highest_bytes"], peak["lowest_bytes"],
+                                      peak["highest_phase"], peak["lowest_phase"]))
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if facts.floor.get("bytes"):
@@ -105,3 +108,20 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
 # said where the peak is in TF's first ~90 steps, not in the steady state after them
 _PHASE_NOTE = {"warm-up": " (in a training run's first ~90 steps, when TensorFlow runs small "
                           "ops apart)"}
+
+
+def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
+                    label: str = "") -> str:
+    """In plain words: the peak depends on the order TF runs independent ops in."""
+    what = f"the {label} peak" if label else "the peak"
+    return (f"{what} varies with TensorFlow's op order: from {format_bytes(low)} "
+            f"({low_phase}) to {format_bytes(high)} ({high_phase}), "
+            f"{format_bytes(high - low)} apart ({high / max(low, 1):.2f}x); a training run "
+            f"reaches the highest, which gates use")
+
+
+def shows_spread(high: int, low: int) -> bool:
+    """Whether the orders' peaks differ enough to say so (1%: a few chunks' rounding is
+    no spread a user can act on)."""
+    return high - low > high // 100
+

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graphmem.analysis.inspect import order_spread
+from graphmem.report.inspect_report import shows_spread, spread_sentence
 from graphmem.report.tables import print_table
 from graphmem.rewrite import RewriteResult
 from graphmem.units import format_bytes, format_shape
@@ -69,7 +71,7 @@ def _estimate_doc(est, swapping: bool) -> dict:
     doc = {"estimated_peak_bytes": est.peak_bytes, "persistent_bytes": est.persistent_bytes,
            "peak_op": est.peak_op, "peak_phase": est.phase,
            "peak_by_device": est.peak_by_device,
-           "notes": est.notes}
+           "notes": est.notes, "peak_spread": order_spread(est)}
     if swapping:
         doc["host_peak_bytes"] = est.host_peak_bytes
     return doc
@@ -157,8 +159,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                   f"{format_bytes(a.persistent_bytes)}")
     console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
-        console.print("[yellow]the rewrite would raise the estimated peak: wrote the graph "
-                      "unchanged[/] (--keep-worse keeps it)")
+        console.print("[yellow]the rewrite would not lower the estimated highest peak: "
+                      "wrote the graph unchanged[/] (--keep-worse keeps it)")
     width = 30
     top = max(b.peak_bytes, a.peak_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
@@ -166,6 +168,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)}")
     for label, est in (("before", b), ("after", a)):
         console.print(f"  peak {label}: at {est.peak_op}{_phase_note(est.phase)}")
+    for label, est in (("before", b), ("after", a)):
+        if shows_spread(est.peak_bytes, est.lowest_peak_bytes):
+            console.print("  " + spread_sentence(est.peak_bytes, est.lowest_peak_bytes,
+                                                 est.phase, est.lowest_phase, label))
     if plot:
         console.print(f"plot written to {plot}")
 

@@ -1,0 +1,142 @@
+"""The spread of the estimated peak over TF's executor orders: the lowest and the highest
+peak of the orders simulated, which one a training run reaches, and the reports' words."""
+
+import json
+from functools import partial
+
+from graphmem.analysis.memory import estimate_memory as _estimate_memory
+from graphmem.analysis.schedule import executor_order
+from graphmem.report.inspect_report import shows_spread, spread_sentence
+from tests.conftest import fixture_path, run_cli
+from tests.graphbuilder import G
+
+U = 8192
+N = (2048,)
+estimate_memory = partial(_estimate_memory, allocator=False)
+
+
+def _warm_up_graph():
+    # s is a's small last reader: inline in the steady state (a freed before b runs),
+    # dispatched in the warm-up (b runs while a is live)
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("s", "Op", "a", shape=(4,))
+    g.op("b", "Op", "x", "^a", shape=N)
+    return g.index()
+
+
+def test_every_order_walked_is_reported_with_its_peak():
+    ix = _warm_up_graph()
+    est = estimate_memory(ix)
+    by_phase = {o.phase: o.peak_bytes for o in est.orders}
+    assert by_phase == {"steady": 2 * U + 256, "warm-up": 3 * U}
+    assert est.peak_bytes == max(by_phase.values())  # the highest: a run reaches it
+    assert est.lowest_peak_bytes == 2 * U + 256
+    assert (est.phase, est.lowest_phase) == ("warm-up", "steady")
+
+
+def test_a_given_order_has_no_spread():
+    ix = _warm_up_graph()
+    est = estimate_memory(ix, order=executor_order(ix, warm_up=True))
+    assert len(est.orders) == 1
+    assert est.lowest_peak_bytes == est.peak_bytes == 3 * U
+
+
+def test_the_spread_is_said_in_plain_words():
+    text = spread_sentence(3 << 20, 2 << 20, "warm-up", "steady")
+    assert "varies with TensorFlow's op order" in text
+    assert "2.0 MiB (steady) to 3.0 MiB (warm-up)" in text and "1.50x" in text
+    assert not shows_spread(1000, 995) and shows_spread(1000, 900)
+
+
+def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
+    doc = json.loads(run_cli("inspect", fixture_path("mlp"), "--batch-size", "64",
+                             "--json").stdout)
+    peak = doc["peak"]
+    assert peak["highest_bytes"] == doc["estimated_peak_bytes"]
+    assert peak["lowest_bytes"] <= peak["highest_bytes"]
+    assert peak["highest_phase"] in ("steady", "warm-up")
+    assert max(o["peak_bytes"] for o in peak["orders"]) == peak["highest_bytes"]
+    assert min(o["peak_bytes"] for o in peak["orders"]) == peak["lowest_bytes"]
+    res = run_cli("rewrite", fixture_path("mlp"), "-o", tmp_path / "r.meta",
+                  "--batch-size", "64", "--json")
+    out = json.loads(res.stdout)
+    for side in ("before", "after"):
+        spread = out[side]["peak_spread"]
+        assert spread["highest_bytes"] == out[side]["estimated_peak_bytes"]
+        assert spread["lowest_bytes"] <= spread["highest_bytes"]
+
+
+def test_a_rewrite_is_kept_only_when_its_highest_peak_is_lower(tmp_path, monkeypatch):
+    import graphmem.rewrite as rewrite
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    src = fixture_path("mlp")
+    base = rewrite_file(src, tmp_path / "a.meta", RewriteOptions("memory", [], 64))
+    assert not base.reverted and base.after.peak_bytes < base.before.peak_bytes
+    # the same edits, estimated at exactly the original's highest peak: nothing gained
+    original = base.before.peak_bytes
+    real = rewrite._estimate
+
+    def same_peak(ws, regions, options):
+        est = real(ws, regions, options)
+        est.peak_bytes = original
+        return est
+
+    monkeypatch.setattr(rewrite, "_estimate", same_peak)
+    tie = rewrite_file(src, tmp_path / "b.meta", RewriteOptions("memory", [], 64))
+    assert tie.reverted
+    assert (tmp_path / "b.meta").read_bytes() == src.read_bytes()
+
+
+def test_data_out_edges_are_activated_before_control_ones():
+    # a readies c through a control edge and b through a data edge; c is earlier in the
+    # GraphDef. TF activates data out-edges first, then control ones, and runs the last
+    # expensive op readied next: c, while b is queued
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("c", "Op", "x", "^a", shape=N)
+    g.op("b", "Op", "a", shape=N)
+    ix = g.index()
+    assert [ix.names[i] for i in executor_order(ix)] == ["x", "a", "c", "b"]
+
+
+def _control_tie():
+    # tf.gradients' groups end in control edges (as Grappler rewires them): g readies c1
+    # and c2 through control edges only; c1 is big and read late, c2 frees what it reads
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=N)
+    g.op("g", "Op", "a", shape=N)
+    g.op("c1", "Op", "x", "^g", shape=(4 * 2048,))
+    g.op("c2", "Op", "a", "^g", shape=(4,))
+    g.op("end", "Op", "c1", "c2", shape=N)
+    return g.index()
+
+
+def test_ops_readied_together_are_also_walked_in_reverse_order():
+    # TF's out-edge order after Grappler is not always the GraphDef's (traced on tf-slim's
+    # AlexNet, where it held every weight gradient to the end of the backward pass): the
+    # warm-up is walked both ways, the control-readied ops in reverse order too, and the
+    # estimate keeps the higher peak
+    ix = _control_tie()
+    forward = executor_order(ix, warm_up=True)
+    reverse = executor_order(ix, warm_up=True, reverse=True)
+    assert [ix.names[i] for i in forward][3:5] == ["c2", "c1"]
+    assert [ix.names[i] for i in reverse][3:5] == ["c1", "c2"]
+    est = estimate_memory(ix)
+    peaks = [estimate_memory(ix, order=o).peak_bytes for o in (forward, reverse)]
+    assert peaks[0] != peaks[1] and est.peak_bytes >= max(peaks)
+
+
+def test_big_steps_are_walked_in_graph_order_only(monkeypatch):
+    from graphmem.analysis import schedule
+
+    ix = _control_tie()
+    assert executor_order(ix, warm_up=True, reverse=True) in [
+        order for _, order in schedule.executor_orders(ix)]
+    monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
+    assert all(order in (executor_order(ix), executor_order(ix, warm_up=True))
+               for _, order in schedule.executor_orders(ix))
