@@ -9,20 +9,20 @@ original and rewritten graph, in fresh processes, at 1 and 2 inter-op threads.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import tempfile
 from pathlib import Path
 
 
 def tf1_towers_graph(path: str | Path, towers: int = 2, layers: int = 16, width: int = 512,
-                     batch: int = 512, features: int = 512, classes: int = 10,
-                     dropout: float = 0.1, batch_norm: bool = False, seed: int = 0) -> Path:
+                     features: int = 512, classes: int = 10, dropout: float = 0.1,
+                     batch_norm: bool = False, seed: int = 0,
+                     collective: bool = False) -> Path:
     """A TF1 multi-tower MLP saved as a .meta: variables on /cpu:0 (the parameter device),
     tower k's forward and backward pass on /cpu:k, its gradients averaged (`add_n` / n) on
     /cpu:0 and applied with Momentum. Batch norm (moving statistics updated by the first
-    tower, as the classic recipe does) when `batch_norm`."""
+    tower, as the classic recipe does) when `batch_norm`. With `collective`, each tower
+    all-reduces its gradients with `CollectiveReduceV2` ops instead (as `tf.distribute`
+    does) and the first tower's averages are applied (the graph is for rewriting, not for
+    running: a session does not set up collective groups)."""
     import tensorflow as tf
 
     v1 = tf.compat.v1
@@ -64,9 +64,20 @@ def tf1_towers_graph(path: str | Path, towers: int = 2, layers: int = 16, width:
                 tower_grads.append(opt.compute_gradients(loss))
         with tf.device("/cpu:0"), v1.name_scope("average"):
             averaged = []
-            for pairs in zip(*tower_grads, strict=True):
+            for n, pairs in enumerate(zip(*tower_grads, strict=True)):
                 v = pairs[0][1]
-                g = tf.add_n([p[0] for p in pairs]) / float(towers)
+                if collective:
+                    reduced = []
+                    for k, (grad, _) in enumerate(pairs):
+                        with tf.device(f"/cpu:{k}"):
+                            reduced.append(tf.raw_ops.CollectiveReduceV2(
+                                input=grad, group_size=towers, group_key=1,
+                                instance_key=n + 1, ordering_token=[], merge_op="Add",
+                                final_op="Div", name=f"all_reduce_{n}"))
+                    update_ops.extend(reduced[1:])
+                    g = reduced[0]
+                else:
+                    g = tf.add_n([p[0] for p in pairs]) / float(towers)
                 averaged.append((g, v))
             total = tf.add_n(losses) / float(towers)
             total = tf.identity(total, name="total_loss")

@@ -12,6 +12,13 @@ optimizers compute the moments on it, write the slots, read them back and then w
 variable. A Keras optimizer's `IdentityN` over all gradients is split first
 (passes/split_identityn.py), or no update could start before the last gradient.
 
+With several towers (data-parallel replicas, analysis/towers.py) an update reads the
+average of the towers' gradients of its weight (`add_n(...) / n` on the parameter device):
+it waits for that average, and each tower's chain continues past its own gradient only
+after the update, so no tower runs ahead while the gradients pile up. An update whose
+gradient comes from a collective op (an all-reduce) is left alone: its edges would order
+that collective before the next layer's, and every replica must issue them in one order.
+
 Only the order changes, never a value. Edges only add order, so every access of a variable
 the graph orders before or after a write stays so; a write is moved only when every access
 of its variable (reads and other writes in the step) is ordered one way or the other with
@@ -35,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
+from graphmem.analysis.towers import is_collective
 from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, closing_cycles
 from graphmem.graph.reachability import Reachability
@@ -97,6 +105,11 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
             continue
         if found is None:
             _skip(plan, "gradient not found within the search budget")
+            continue
+        if found is _COLLECTIVE:
+            # its edges would order the collective before the next layer's: replicas must
+            # issue collectives in one order, which the graph alone does not fix
+            _skip(plan, "its gradient comes from a collective op")
             continue
         updates.append(_Update(i, *found))
     if not updates:
@@ -168,6 +181,7 @@ def _gradients(u: _Update) -> list[int]:
 
 _NO_GRADIENT = object()
 _SEVERAL_GRADIENTS = object()
+_COLLECTIVE = object()
 _WALK_BUDGET = 256  # ops expanded per update; a Keras Adam update is about 20 away
 
 
@@ -180,6 +194,8 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     backward, optimizer = regions.backward, regions.optimizer
     data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
     for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
+        if is_collective(index.ops[s]):
+            return _COLLECTIVE
         if s in backward and in_scope(names[s]):
             return _through_identities(index, s, backward), [], []
     stack, seen = [a], {a}
@@ -196,6 +212,8 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
             if s in seen:
                 continue
             seen.add(s)
+            if is_collective(index.ops[s]):
+                return _COLLECTIVE
             if s in backward and in_scope(names[s]):
                 gradients.add(_through_identities(index, s, backward))
             elif s in backward or s in optimizer:
