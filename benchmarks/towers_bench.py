@@ -9,6 +9,10 @@ original and rewritten graph, in fresh processes, at 1 and 2 inter-op threads.
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import tempfile
 from pathlib import Path
 
 
@@ -107,3 +111,61 @@ def _batch_norm(tf, h, width: int, update_ops: list | None):
             update_ops.append(v1.assign_sub(mean_ma, 0.01 * (mean_ma - mean)))
             update_ops.append(v1.assign_sub(var_ma, 0.01 * (var_ma - variance)))
     return tf.nn.batch_normalization(h, mean, variance, beta, gamma, 1e-3)
+
+
+# the issue's network: 16 layers of 512, batch 512 per tower, dropout, Momentum
+CASES = {"mlp-2-towers": dict(towers=2), "mlp-4-towers-bn": dict(towers=4, layers=8,
+                                                                 batch_norm=True)}
+PER_TOWER_BATCH = 512
+
+
+def run_case(name: str, workdir: Path, threads: list[int], processes: int,
+             env: dict) -> list[dict]:
+    """Build, rewrite (`--policy memory`, early updates) and measure one case: the peak of
+    the whole process (every logical CPU device allocates from one allocator here)."""
+    from benchmarks.measure import measure
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    params = CASES[name]
+    batch = PER_TOWER_BATCH * params["towers"]
+    src = tf1_towers_graph(workdir / f"{name}.meta", **params)
+    out = workdir / f"{name}.memory.meta"
+    result = rewrite_file(src, out, RewriteOptions("memory", [], batch))
+    rows = []
+    for n in threads:
+        before = measure(str(src), batch, n, processes=processes, env=env)
+        after = measure(str(out), batch, n, processes=processes, env=env)
+        rows.append({
+            "case": name, "threads": n, "processes": processes,
+            "peak_before": before["peak"], "peak_after": after["peak"],
+            "ratio": round(after["peak"] / before["peak"], 3),
+            "peaks_after": after["peaks"],
+            "seconds_before": round(before["seconds"], 4),
+            "seconds_after": round(after["seconds"], 4),
+            "estimated_by_device_before": result.before.peak_by_device,
+            "estimated_by_device_after": result.after.peak_by_device,
+        })
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--processes", type=int, default=3)
+    ap.add_argument("--json", help="also write the rows to this file")
+    a = ap.parse_args()
+    env = dict(os.environ)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.cases.split(","):
+            for row in run_case(name, Path(tmp), [int(t) for t in a.threads.split(",")],
+                                a.processes, env):
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
