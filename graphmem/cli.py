@@ -400,7 +400,10 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
 
         render_rewrite(result, str(output), _console(), plot)
     final = result.before if result.reverted else result.after
-    _gate(final.peak_bytes, limit, "estimated step peak after the rewrite")
+    from graphmem.analysis.towers import gated_peak
+
+    peak, what = gated_peak(final.peak_bytes, final.peak_by_device)
+    _gate(peak, limit, f"{what} after the rewrite")
     if result.budget_bytes is not None and final.peak_bytes > result.budget_bytes:
         from graphmem.errors import CheckFailed
         from graphmem.units import format_bytes

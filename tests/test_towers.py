@@ -18,6 +18,7 @@ from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec, cpu_device_count
 from graphmem.runtime.verify import verify
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.tf
 
@@ -94,3 +95,19 @@ def test_tower_graph_has_no_collectives(towers_graph):
     # the TF1 recipe averages with add_n: nothing for the collective-order check
     _, src = towers_graph
     assert collectives(Workspace.open(load_model(src)).index) == []
+
+
+def test_max_peak_gates_the_highest_device(towers_graph, tmp_path):
+    towers, src = towers_graph
+    _, result = _rewrite(src, tmp_path, towers)
+    by_device = result.after.peak_by_device
+    highest = max(by_device.values())
+    assert highest < result.after.peak_bytes  # the devices' peaks are not all at once
+    batch = str(PER_TOWER * towers)
+    ok = run_cli("rewrite", str(src), "-o", str(tmp_path / "a.meta"), "--batch-size", batch,
+                 "--max-peak", str(highest))
+    assert ok.exit_code == 0, ok.output
+    over = run_cli("rewrite", str(src), "-o", str(tmp_path / "b.meta"), "--batch-size", batch,
+                   "--max-peak", str(highest - 1))
+    assert over.exit_code == 1
+    assert "the highest device" in over.output

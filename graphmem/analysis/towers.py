@@ -127,3 +127,14 @@ def check_collective_order(before: GraphIndex, after: GraphIndex) -> None:
     raise InputError(f"the rewrite {what} (replicas must issue collectives in one order); "
                      "no rewrite written: try --no-early-updates, or name checkpoints "
                      "with --checkpoints")
+
+
+def gated_peak(peak_bytes: int, peak_by_device: dict[str, int]) -> tuple[int, str]:
+    """The peak a `--max-peak` gate compares: with several devices (one tower each) the
+    highest device's, which is what runs out of memory first; else the step's. Returns
+    (bytes, what to call it)."""
+    placed = {d: b for d, b in peak_by_device.items() if d}
+    if len(placed) > 1:
+        device = max(placed, key=placed.__getitem__)
+        return placed[device], f"estimated step peak on {device} (the highest device)"
+    return peak_bytes, "estimated step peak"
