@@ -114,7 +114,10 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             own = _triggers(index, regions, consumers, tower) if consumers else set()
             groups.append(_Group(seg, group_targets, needed, copy_name, consumers, own,
                                  _ref_writes(index, regions, needed), tower=tower))
-    leads = _lead_triggers(index, regions, groups, batch_size)
+    # with several towers the executor already has independent work to overlap (the other
+    # towers' backward ops): a lead would hold two segments of every tower alive at once
+    # (2-tower MLP: 30.5 -> 26.5 MiB measured, same step time at one inter-op thread)
+    leads = {} if several else _lead_triggers(index, regions, groups, batch_size)
     for n, group in enumerate(groups):
         group.triggers = leads.get(n) or group.own
     for n in _groups_closing_cycles(index, groups, rewires):
