@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from graphmem.errors import InputError
 from graphmem.graph.devices import normalize_device
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import VARIABLE_OPS, GraphIndex
 
 # ops that exchange data between replicas: never copied, never reordered
 COLLECTIVE_OPS = frozenset({
@@ -54,10 +54,42 @@ class Towers:
 
 
 def find_towers(index: GraphIndex, ops: set[int]) -> Towers:
-    """The devices among `ops` (the forward activation ops): several means one tower
-    per device."""
-    devices = sorted({normalize_device(index.devices[i]) for i in ops} - {""})
-    return Towers(devices)
+    """The towers among `ops` (forward activation ops): the devices that read one variable
+    each with ops of their own (TF1 tower code shares the variables), or that run
+    collective ops (`tf.distribute` mirrors a variable per device and all-reduces the
+    gradients). Other placements are not towers: an input pipeline pinned to the CPU of a
+    GPU model reads no variable, and a model split across devices reads each variable on
+    one. Linear in the ops' inputs."""
+    readers: dict[int, set[str]] = {}  # variable -> devices of the ops reading it
+    for i in ops:
+        device = tower_of(index, i)
+        if not device:
+            continue
+        for s, _ in index.data_inputs[i]:
+            variable = _variable_read(index, s)
+            if variable is not None:
+                readers.setdefault(variable, set()).add(device)
+    devices = set()
+    for found in readers.values():
+        if len(found) > 1:
+            devices |= found
+    by_collective = {tower_of(index, i) for i in collectives(index)} - {""}
+    if len(by_collective) > 1:
+        devices |= by_collective
+    return Towers(sorted(devices))
+
+
+def _variable_read(index: GraphIndex, s: int) -> int | None:
+    """The variable behind op s when s reads one (a ReadVariableOp of a handle, a ref
+    variable or its `read` Identity)."""
+    op = index.ops[s]
+    if op in VARIABLE_OPS:
+        return s
+    if op in ("ReadVariableOp", "Identity") and index.data_inputs[s]:
+        v = index.data_inputs[s][0][0]
+        if index.ops[v] in VARIABLE_OPS or index.ops[v] == "_Arg" and op == "ReadVariableOp":
+            return v
+    return None
 
 
 def collectives(index: GraphIndex) -> list[int]:
