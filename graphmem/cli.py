@@ -261,7 +261,6 @@ def inspect(model, fmt, tag, function, batch_size, backward_scope, grappler, max
     result.check()
 
 
-
 @main.command()
 @click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("model", type=click.Path())
@@ -320,7 +319,6 @@ def rewrite(model, fmt, tag, function, batch_size, backward_scope, policy, budge
     result.check()
 
 
-
 @main.command()
 @click.rich_config(help_config={"options_panel_title": OUTPUT})  # a command's --help
 @click.argument("original", type=click.Path())
@@ -376,7 +374,6 @@ def verify(original, rewritten, fmt, tag, function, batch_size, backward_scope, 
 
         render_verify(result, _console(), result.batch_size, result.batch_from)
     result.check()
-
 
 
 @main.command()

@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.op_classes import EXPENSIVE_OPS
 from graphmem.analysis.regions import Regions
 from graphmem.analysis.spine import analyze_spine
+from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.errors import InputError, UsageError
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
@@ -71,7 +72,10 @@ def choose_checkpoints(policy: str, index: GraphIndex, regions: Regions, facts: 
     if policy == "names":
         return _from_patterns(index, candidates, patterns or [])
     if policy == "memory":
-        choice = _memory_policy(index, regions, facts, candidates, batch_size)
+        towers = find_towers(index, facts.recomputable)
+        choice = _memory_policy_per_tower(index, regions, facts, candidates, batch_size,
+                                          towers.devices) if towers.several else \
+            _memory_policy(index, regions, facts, candidates, batch_size)
         choice.tensors = past_bias(index, choice.tensors, candidates)
         return choice
     raise UsageError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
@@ -86,11 +90,17 @@ def keep_top_segment(index: GraphIndex, regions: Regions, picks: list[Tensor],
     temporaries, computed while they are kept, are what it can cost)."""
     if not picks:
         return picks
-    last = max(index.position[t[0]] for t in picks)
     allowed = set(candidates)
     kept = set(picks)
+    # with several towers (towers.py) each tower's backward pass starts at its own top
+    several = find_towers(index, {t[0] for t in candidates}).several
+    last: dict[str, int] = {}
+    for t in picks:
+        tower = tower_of(index, t[0]) if several else ""
+        last[tower] = max(last.get(tower, -1), index.position[t[0]])
     top = [s.tensor for s in regions.saved if s.tensor in allowed and s.tensor not in kept
-           and index.position[s.tensor[0]] > last]
+           and index.position[s.tensor[0]] > last.get(
+               tower_of(index, s.tensor[0]) if several else "", len(index))]
     return picks + sorted(set(top), key=lambda t: (index.position[t[0]], t[1]))
 
 
@@ -147,6 +157,48 @@ def _from_patterns(index, candidates, patterns) -> CheckpointChoice:
                          + ", ".join(repr(p) for p in unmatched))
     picks.sort(key=lambda t: index.position[t[0]])
     return CheckpointChoice("names", picks, "tensors named by --checkpoints", len(candidates))
+
+
+def _memory_policy_per_tower(index, regions, facts, candidates, batch_size,
+                             devices: list[str]) -> CheckpointChoice:
+    """The memory policy run on each tower's own spine (its device's ops): towers run side
+    by side, each a chain of its own, and one spine over all of them has no bottleneck
+    (every cut crosses every tower)."""
+    by_tower: dict[str, list[Tensor]] = {d: [] for d in devices}
+    for t in candidates:
+        tower = tower_of(index, t[0])
+        if tower in by_tower:
+            by_tower[tower].append(t)
+    picks: list[Tensor] = []
+    notes, bottlenecks, fallback = [], 0, False
+    joined = _joining_towers(index, facts.param_dependent)
+    for device in devices:
+        own = {i for i in facts.recomputable if tower_of(index, i) == device} - joined
+        sub = replace(facts, param_dependent={i for i in facts.param_dependent if i in own},
+                      recomputable=own)
+        choice = _memory_policy(index, regions, sub, by_tower[device], batch_size)
+        picks.extend(choice.tensors)
+        notes.append(f"{device}: {choice.note}")
+        bottlenecks += choice.bottlenecks
+        fallback = fallback or choice.fallback
+    picks.sort(key=lambda t: (index.position[t[0]], t[1]))
+    return CheckpointChoice("memory", picks, f"per tower ({'; '.join(notes)})",
+                            len(candidates), bottlenecks, fallback=fallback)
+
+
+def _joining_towers(index: GraphIndex, spine: set[int]) -> set[int]:
+    """Spine ops that read spine ops of several devices (the total loss, `add_n` of the
+    towers' losses on the parameter device), and those after them: in no tower's own
+    chain. A split of the batch that feeds every tower is read by each from one device
+    and joins nothing. One walk in topological order."""
+    joined: set[int] = set()
+    for i in index.topo:
+        if i not in spine:
+            continue
+        ins = [s for s, _ in index.data_inputs[i] if s in spine]
+        if any(s in joined for s in ins) or len({tower_of(index, s) for s in ins}) > 1:
+            joined.add(i)
+    return joined
 
 
 def _memory_policy(index, regions, facts, candidates, batch_size) -> CheckpointChoice:

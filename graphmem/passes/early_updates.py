@@ -12,6 +12,13 @@ optimizers compute the moments on it, write the slots, read them back and then w
 variable. A Keras optimizer's `IdentityN` over all gradients is split first
 (passes/split_identityn.py), or no update could start before the last gradient.
 
+With several towers (data-parallel replicas, analysis/towers.py) an update reads the
+average of the towers' gradients of its weight (`add_n(...) / n` on the parameter device):
+it waits for that average, and each tower's chain continues past its own gradient only
+after the update, so no tower runs ahead while the gradients pile up. An update whose
+gradient comes from a collective op (an all-reduce) is left alone: its edges would order
+that collective before the next layer's, and every replica must issue them in one order.
+
 Only the order changes, never a value. Edges only add order, so every access of a variable
 the graph orders before or after a write stays so; a write is moved only when every access
 of its variable (reads and other writes in the step) is ordered one way or the other with
@@ -35,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
+from graphmem.analysis.towers import is_collective
+from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, closing_cycles
 from graphmem.graph.reachability import Reachability
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
@@ -70,7 +79,7 @@ class _Update:
     and the other state writes it waits for (Keras writes the Adam slots first, then reads
     them back for the variable's update)."""
     op: int
-    gradient: int
+    gradient: int | list[int]  # several: one per tower, averaged (`_tower_gradients`)
     writes: list[int]
     slot_products: list[int] = field(default_factory=list)
 
@@ -97,6 +106,11 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         if found is None:
             _skip(plan, "gradient not found within the search budget")
             continue
+        if found is _COLLECTIVE:
+            # its edges would order the collective before the next layer's: replicas must
+            # issue collectives in one order, which the graph alone does not fix
+            _skip(plan, "its gradient comes from a collective op")
+            continue
         updates.append(_Update(i, *found))
     if not updates:
         return plan
@@ -119,8 +133,9 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
             continue
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
-        targets = [x for x in _next_in_chain(index, u.gradient, a, regions.backward, in_scope)
-                   if not index.in_loop(x)
+        chain = [x for g in _gradients(u) for x in
+                 _next_in_chain(index, g, a, regions.backward, in_scope)]
+        targets = [x for x in dict.fromkeys(chain) if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
             _skip(plan, "no backward op after the gradient")
@@ -137,9 +152,8 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     # readers of its variable's value
     by_op = {u.op: u for u in updates}
     edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, a)]
-             + [(by_op[a].gradient, p) for p in by_op[a].slot_products
-                if index.position[p] > index.position[by_op[a].gradient]
-                or reach.reaches(p, by_op[a].gradient) is False]
+             + [(g, p) for g in _gradients(by_op[a]) for p in by_op[a].slot_products
+                if index.position[p] > index.position[g] or reach.reaches(p, g) is False]
              for a, targets in chosen.items()}
     for a in [a for a, a_edges in edges.items()
               if any(index.may_be_dead(u) for u, _ in a_edges)]:
@@ -161,8 +175,13 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     return plan
 
 
+def _gradients(u: _Update) -> list[int]:
+    return u.gradient if isinstance(u.gradient, list) else [u.gradient]
+
+
 _NO_GRADIENT = object()
 _SEVERAL_GRADIENTS = object()
+_COLLECTIVE = object()
 _WALK_BUDGET = 256  # ops expanded per update; a Keras Adam update is about 20 away
 
 
@@ -175,6 +194,8 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     backward, optimizer = regions.backward, regions.optimizer
     data_inputs, control_inputs, names = index.data_inputs, index.control_inputs, index.names
     for s, _ in data_inputs[a]:  # TF1 optimizers read the gradient directly
+        if is_collective(index.ops[s]):
+            return _COLLECTIVE
         if s in backward and in_scope(names[s]):
             return _through_identities(index, s, backward), [], []
     stack, seen = [a], {a}
@@ -191,6 +212,8 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
             if s in seen:
                 continue
             seen.add(s)
+            if is_collective(index.ops[s]):
+                return _COLLECTIVE
             if s in backward and in_scope(names[s]):
                 gradients.add(_through_identities(index, s, backward))
             elif s in backward or s in optimizer:
@@ -202,8 +225,22 @@ def _gradient_of(index: GraphIndex, a: int, regions: Regions, in_scope):
     if not gradients:
         return _NO_GRADIENT
     if len(gradients) > 1:
-        return _SEVERAL_GRADIENTS
+        towers = _tower_gradients(index, sorted(gradients, key=index.position.__getitem__))
+        if towers is None:
+            return _SEVERAL_GRADIENTS
+        return towers, writes, products
     return gradients.pop(), writes, products
+
+
+def _tower_gradients(index: GraphIndex, gradients: list[int]) -> list[int] | None:
+    """The gradients of one weight made by several towers (data-parallel replicas), one per
+    device, that the update reads averaged (`add_n(tower grads) / n`): the update's
+    gradient is their average, ready when the last of them arrives. None for gradients
+    that are not one per device (a global-norm clip reads every gradient of one tower)."""
+    devices = [normalize_device(index.devices[g]) for g in gradients]
+    if "" in devices or len(set(devices)) != len(devices):
+        return None
+    return gradients
 
 
 _SLOT_PRODUCT_ELEMENTS = 1024

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions
+from graphmem.analysis.towers import check_collective_order, collectives
 from graphmem.graph.index import GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 from graphmem.passes.early_updates import EarlyUpdatesPass
@@ -55,6 +56,7 @@ def run_pipeline(context: PassContext,
     """Run the enabled passes over `context.ws` in order. The workspace's graph is edited
     in place; `context.ws.index` is the index of the result afterwards."""
     seconds: dict[str, float] = {}
+    original = context.index  # never edited in place (PassContext), kept for the check
     for p in passes:
         if not p.enabled(context.options) or not p.applies(context):
             continue
@@ -72,6 +74,10 @@ def run_pipeline(context: PassContext,
             start = time.perf_counter()
             context.reindex()
             seconds[f"re-index after {p.name}"] = time.perf_counter() - start
+    if context.index is not original and collectives(original):
+        start = time.perf_counter()
+        check_collective_order(original, context.index)  # towers.py: refuses, or passes
+        seconds["collective order"] = time.perf_counter() - start
     start = time.perf_counter()
     regions = context.regions
     seconds["regions"] = time.perf_counter() - start

@@ -73,7 +73,8 @@ class GraphRunner:
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                           inter_op_parallelism_threads=spec.inter_op_threads,
                                           # else the first session's pool size wins for all
-                                          use_per_session_threads=True)
+                                          use_per_session_threads=True,
+                                          device_count={"CPU": self.cpu_devices})
         from tensorflow.core.protobuf import rewriter_config_pb2
 
         if spec.grappler_memory_optimization:
@@ -90,14 +91,20 @@ class GraphRunner:
             self._import_into_graph(model)
 
     def _import_into_graph(self, model: LoadedModel) -> None:
+        """Device strings are kept when every op is placed on a CPU (multi-tower graphs
+        built on logical CPU devices: the session gets as many), else cleared, so that a
+        graph built for accelerators runs here."""
         tf = self.tf
+        self.cpu_devices = cpu_device_count(self.index.devices)
+        keep = self.cpu_devices > 1
         if model.meta_graph is not None:
             meta = tf.compat.v1.MetaGraphDef.FromString(model.meta_graph.SerializeToString())
-            tf.compat.v1.train.import_meta_graph(meta, clear_devices=True)
+            tf.compat.v1.train.import_meta_graph(meta, clear_devices=not keep)
         else:
             gd = tf.compat.v1.GraphDef.FromString(model.graph_def.SerializeToString())
-            for node in gd.node:
-                node.device = ""
+            if not keep:
+                for node in gd.node:
+                    node.device = ""
             tf.compat.v1.import_graph_def(gd, name="")
 
     def _find_train_op(self, ws: Workspace, spec: RunSpec):
@@ -295,6 +302,22 @@ def _saved_variables(tf, root) -> dict[str, object]:
             continue
         stack.extend((f"{path}/{k}", v) for k, v in children.items())
     return out
+
+
+def cpu_device_count(devices: list[str]) -> int:
+    """How many logical CPU devices the graph's device strings name (the highest number
+    plus one); 1 when any op is placed on another kind of device or none names one."""
+    from graphmem.graph.devices import normalize_device
+
+    highest = 0
+    for device in set(devices):
+        if not device:
+            continue
+        kind, _, number = normalize_device(device)[len("/device:"):].partition(":")
+        if kind != "CPU" or not number.isdigit():
+            return 1
+        highest = max(highest, int(number))
+    return highest + 1
 
 
 def make_runner(ws: Workspace, spec: RunSpec):
