@@ -49,6 +49,8 @@ if str(ROOT) not in sys.path:
 PEERS = ROOT.parent / "shared" / "peers"
 MIB = 2 ** 20
 
+from benchmarks.slim_models_bench import _graphmem  # noqa: E402 (after the path setup)
+
 # name -> canonical input side
 SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
@@ -146,17 +148,6 @@ def build_unet(path: Path, side: int, minimize=None, levels=(64, 128, 256, 512),
         v1.train.export_meta_graph(filename=str(path),
                                    graph_def=graph.as_graph_def(add_shapes=True),
                                    saver_def=saver.as_saver_def())
-
-
-def _graphmem(*args: str) -> tuple[int, dict | None, str]:
-    proc = subprocess.run([sys.executable, "-m", "graphmem.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        doc = json.loads(proc.stdout) if proc.stdout.strip() else None
-    except json.JSONDecodeError:
-        doc = None
-    err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-    return proc.returncode, doc, err
 
 
 def _measure_once(path: Path, batch: int, threads: int, steps: int, warmup: int,

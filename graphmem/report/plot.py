@@ -26,12 +26,18 @@ class Series:
 
 
 def write_plot(path: str | Path, series: list[Series], title: str) -> Path:
+    return _write(path, lambda: _svg(series, title), lambda: _png(series, title))
+
+
+def _write(path: str | Path, svg, png) -> Path:
+    """Write the chart as the path's suffix says: `svg()` gives the SVG text, `png()` the
+    PNG bytes (matplotlib); called only for the format written."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".svg":
-        write_atomic(path, _svg(series, title).encode("utf-8"))
+        write_atomic(path, svg().encode("utf-8"))
     elif suffix == ".png":
-        write_atomic(path, _png(series, title))
+        write_atomic(path, png())
     else:
         raise UsageError(f"--plot writes .svg or .png files, not {path.name!r}")
     return path
@@ -138,16 +144,9 @@ def tradeoff_chart(tradeoff) -> TradeoffChart:
 
 def write_tradeoff_plot(path: str | Path, tradeoff, title: str) -> Path:
     """Peak memory (y) against extra compute (x), as SVG (built in) or PNG (matplotlib)."""
-    path = Path(path)
     chart = tradeoff_chart(tradeoff)
-    suffix = path.suffix.lower()
-    if suffix == ".svg":
-        write_atomic(path, _tradeoff_svg(chart, title).encode("utf-8"))
-    elif suffix == ".png":
-        write_atomic(path, _tradeoff_png(chart, title))
-    else:
-        raise UsageError(f"--plot writes .svg or .png files, not {path.name!r}")
-    return path
+    return _write(path, lambda: _tradeoff_svg(chart, title),
+                  lambda: _tradeoff_png(chart, title))
 
 
 _X_LABEL = "extra compute (recomputed forward FLOPs, share of the forward pass)"
