@@ -221,6 +221,10 @@ class _Runner:
         return checkpoints, _run_passes(self.ws, self.index, self.regions, self.facts, choice,
                                         checkpoints, self.options)
 
+    def held_ahead(self, applied) -> bool:
+        recompute = applied[1].plans.get("recompute")
+        return recompute is not None and any(s.ahead for s in recompute.segments)
+
     def measure(self, applied) -> tuple[MemoryEstimate, int]:
         done = applied[1]
         return (_estimate(self.ws, done.regions, self.options),

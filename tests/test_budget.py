@@ -271,3 +271,31 @@ def test_memory_policy_is_not_dominated_by_a_plan_it_could_find(name, monkeypatc
         assert not beaten, (memory, (peak, flops))
     # and it is at least as low as the heuristic's plan
     assert memory[0] <= others[-1][0]
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
+def test_memory_policy_tries_its_plans_without_leads(name, monkeypatch):
+    """Each plan is also estimated with every segment waiting for its own gradient (no
+    lead): the memory policy's peak is never above the search with leads alone, and the
+    plan it writes says which it is; on the ResNet a lead keeps a segment's copies alive
+    through the next segment's gradient ops, and the plan without leads peaks lower."""
+    import graphmem.rewrite as rw
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    def written():
+        ws = Workspace.open(load_model(fixture_path(name)), batch_size=32)
+        res = rw.rewrite_workspace(ws, RewriteOptions("memory", [], 32, keep_worse=True))
+        segments = res.plan.segments
+        assert any(s.ahead for s in segments) == res.choice.lead or not segments
+        return res.after.peak_bytes, res.choice
+
+    peak, choice = written()
+    monkeypatch.setattr(rw._Runner, "held_ahead", lambda self, applied: False)
+    led_peak, led_choice = written()
+    assert led_choice.lead
+    assert peak <= led_peak
+    if not choice.lead:
+        assert "its own gradient ops" in choice.note
+    if name == "resnet":
+        assert not choice.lead and peak < 0.95 * led_peak

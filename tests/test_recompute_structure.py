@@ -150,6 +150,38 @@ def test_copies_are_held_back_one_segment_ahead(residual):
     assert after.peak_bytes < 0.7 * before.peak_bytes
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_without_lead_each_segment_waits_for_its_own_gradient(residual):
+    """lead=False: every segment's copies wait for backward ops of their own segment (the
+    gradient arriving at its readers), none one segment ahead; still held back, and the
+    peak well below the original's."""
+    g = chain_training_graph(36, batch=256, residual=residual)
+    ix = _index(g)
+    regions = analyze_regions(ix)
+    facts = analyze_forward(ix, regions)
+    choice = choose_checkpoints("memory", ix, regions, facts, None)
+    cuts = sorted(_layer(ix.names[t[0]]) for t in choice.tensors)
+    plan = apply_recompute(ix, regions, facts, choice.tensors, lead=False)
+    assert plan.segments and not any(seg.ahead for seg in plan.segments)
+    assert not plan.not_held_back
+    for seg in plan.segments:
+        low = cuts[seg.index - 1] if seg.index else -1
+        high = cuts[seg.index] if seg.index < len(cuts) else 36
+        for name in seg.triggers:
+            if name.startswith("gradients/loss_grad/"):
+                continue
+            # the gradient op bringing the gradient into the segment: its own top layer's
+            # or the layer just above it
+            assert low < _layer(name) <= high + 1, (seg.index, name, low, high)
+    new = _index(g)  # raises on a cycle
+    backward_names = {ix.names[i] for i in regions.backward}
+    for c in (i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")):
+        assert any(new.names[a] in backward_names for a in new.ancestors([c])), new.names[c]
+    before = estimate_memory(ix, nodes=regions.step_nodes(ix), allocator=False)
+    after = estimate_memory(new, nodes=analyze_regions(new).step_nodes(new), allocator=False)
+    assert after.peak_bytes < 0.7 * before.peak_bytes
+
+
 def test_no_lead_across_checkpoints_kept_whole():
     """A budget plan keeps a run of layers whole (every saved activation a checkpoint): the
     segment below that run recomputes just in time, held back by its own triggers, not by

@@ -210,3 +210,33 @@ def test_verify_refuses_a_graph_that_does_not_train_on_its_inputs(tmp_path):
     res = run_cli("verify", path, path, "--batch-size", "2", "--steps", "2")
     assert res.exit_code == 2, res.output
     assert "loss is nan at step 1" in res.stderr and "--feed" in res.stderr
+
+
+@pytest.mark.parametrize("name", ["mlp", "resnet"])
+def test_late_copies_train_identically(name, tmp_path, monkeypatch):
+    """Cheap targets recomputed a second time for their own backward readers
+    (recompute.py, _late_targets): every late copy is held back and read only by the
+    target's own gradient ops, the first copy by the later copies alone, and training is
+    bit for bit the same."""
+    from graphmem.passes import checkpoints
+
+    # every plan of the run with late copies (the memory policy tries them on its best plan)
+    real = checkpoints.choose_checkpoints
+
+    def with_late(*a, **k):
+        choice = real(*a, **k)
+        choice.late_copies, choice.lead = True, False
+        return choice
+
+    monkeypatch.setattr("graphmem.rewrite.choose_checkpoints", with_late)
+    src, out, _ = _rewrite(name, tmp_path, "speed" if name == "resnet" else "names",
+                                [PATTERN[name]] if name == "mlp" else [])
+    index = Workspace.open(load_model(out)).index
+    copies = [i for i, n in enumerate(index.names) if "/late" in n and
+              n.startswith(COPY_SCOPE + "/")]
+    assert copies
+    regions = analyze_regions(index)
+    for c in copies:
+        # held back: a backward op is among its ancestors
+        assert index.ancestors([c]) & regions.backward, index.names[c]
+    _assert_trains_identically(src, out)

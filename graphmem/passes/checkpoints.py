@@ -37,6 +37,14 @@ class CheckpointChoice:
     bottlenecks: int = 0
     fallback: bool = False
     unmatched: list[str] = field(default_factory=list)
+    # each segment held back one segment ahead (recompute.py, _lead_triggers): its
+    # recomputation overlaps the next segment's gradient ops, which is faster with several
+    # inter-op threads but keeps two segments' values alive at once; False: each segment
+    # waits for its own readers' inputs (the memory policy tries both)
+    lead: bool = True
+    # cheap targets the rest of their segment is recomputed from get a second copy for
+    # their own backward readers (recompute.py, _late_targets; the memory policy tries it)
+    late_copies: bool = False
 
 
 def candidate_tensors(index: GraphIndex, regions: Regions, facts: ForwardFacts) -> list[Tensor]:

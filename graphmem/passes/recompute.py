@@ -70,8 +70,13 @@ class RecomputePlan(PassPlan):
 
 
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
-                    checkpoints: list[Tensor], batch_size: int | None = None) -> RecomputePlan:
-    """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it."""
+                    checkpoints: list[Tensor], batch_size: int | None = None,
+                    lead: bool = True, late_copies: bool = False) -> RecomputePlan:
+    """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it.
+    `lead`: hold segments back one segment ahead (see the module's docstring); without it
+    each waits for the inputs of its own backward readers. `late_copies`: a cheap target
+    that the rest of its segment is recomputed from gets a second copy for its own
+    backward readers (`_late_targets`)."""
     plan = RecomputePlan()
     keep = set(checkpoints)
     recomputable = facts.recomputable
@@ -102,6 +107,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     g = index.graph_def
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     groups: list[_Group] = []
+    n_late = 0
     for tower, seg in sorted(by_segment):
         cut_positions = cuts_of.get(tower, [])
         reach = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
@@ -110,14 +116,30 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         for group_targets, needed in _independent_groups(index, by_segment[(tower, seg)], keep,
                                                          recomputable, reach):
             copy_name = {i: f"{scope}/{index.names[i]}" for i in needed}
-            consumers = _rewire(index, group_targets, copy_name, rewires)
+            late = _late_targets(index, group_targets, needed, batch_size) \
+                if late_copies else {}
+            now = [s for s in group_targets if s.tensor[0] not in late]
+            consumers = _rewire(index, now, copy_name, rewires)
             own = _triggers(index, regions, consumers, tower) if consumers else set()
-            groups.append(_Group(seg, group_targets, needed, copy_name, consumers, own,
+            groups.append(_Group(seg, now, needed, copy_name, consumers, own,
                                  _ref_writes(index, regions, needed), tower=tower))
+            for late_targets, chain in _merge_chains(late.values()):
+                # a second copy of the targets' chain, for their own readers only: the
+                # first one is freed once the rest of the segment is recomputed from it
+                n_late += 1
+                late_name = {i: f"{scope}/late{n_late}/{index.names[i]}" for i in chain}
+                readers = _rewire(index, late_targets, late_name, rewires)
+                groups.append(_Group(
+                    seg, late_targets, chain, late_name, readers,
+                    _triggers(index, regions, readers, tower) if readers else set(),
+                    _ref_writes(index, regions, chain), tower=tower, late=True))
     # with several towers the executor already has independent work to overlap (the other
     # towers' backward ops): a lead would hold two segments of every tower alive at once
     # (2-tower MLP: 30.5 -> 26.5 MiB measured, same step time at one inter-op thread)
-    leads = {} if several else _lead_triggers(index, regions, groups, batch_size)
+    leads = {} if several or not lead else _lead_triggers(index, regions, groups, batch_size)
+    for n, group in enumerate(groups):
+        if group.late:
+            leads.pop(n, None)  # a late copy waits for its own readers' inputs
     for n, group in enumerate(groups):
         group.triggers = leads.get(n) or group.own
     for n in _groups_closing_cycles(index, groups, rewires):
@@ -223,6 +245,58 @@ class _Group:
     ref_writes: list[tuple[int, int]]  # (optimizer write, copied op) to order after the copy
     triggers: set[int] = field(default_factory=set)  # chosen: one segment ahead, or own
     tower: str = ""  # with several towers: the device whose backward ops read the copies
+    late: bool = False  # a second copy of one cheap target, for its own readers
+
+
+# A target gets a late copy when recomputing it costs at most this share of its group's
+# FLOPs: the first layers of a CNN (a 3-channel input's convolution is ~5% of VGG's first
+# two) are cheap to run twice and their outputs are the largest tensors of the step
+LATE_FLOPS_SHARE = 0.1
+
+
+def _late_targets(index: GraphIndex, targets: list, needed: set[int],
+                  batch_size: int | None) -> dict[int, tuple]:
+    """Targets of a group that other copies of the group are computed from and that are
+    cheap to compute again: op -> (target, the ops of its chain within the group).
+
+    The copy the group makes of such a target is read by the group's later copies and by
+    the target's own backward readers, which run last (backward order): it stays alive
+    through the backward ops of everything computed from it (tf-slim VGG-16 at 224 px: the
+    first convolution's 392 MiB output, live beside the second's and its gradient). A
+    second copy of its chain, held back by its own readers, lets the first one go."""
+    if len(targets) < 2:
+        return {}
+    costs = {i: op_flops(index, i, batch_size or 1) for i in needed}
+    total = sum(costs.values())
+    out = {}
+    for s in targets:
+        i = s.tensor[0]
+        if not any(c in needed for c in index.data_consumers(i)):
+            continue  # nothing else is computed from it
+        chain, stack = {i}, [i]
+        while stack:
+            for src, _ in index.data_inputs[stack.pop()]:
+                if src in needed and src not in chain:
+                    chain.add(src)
+                    stack.append(src)
+        if sum(costs[j] for j in chain) <= LATE_FLOPS_SHARE * total and \
+                not any(index.stateful[j] for j in chain):
+            out[i] = (s, chain)
+    return out
+
+
+def _merge_chains(late) -> list[tuple[list, set[int]]]:
+    """Late targets whose chains share ops, as one copy: (targets, the chains' union)."""
+    merged: list[tuple[list, set[int]]] = []
+    for target, chain in late:
+        for targets, ops in merged:
+            if ops & chain:
+                targets.append(target)
+                ops |= chain
+                break
+        else:
+            merged.append(([target], set(chain)))
+    return merged
 
 
 def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
@@ -517,4 +591,5 @@ class RecomputePass(Pass):
 
     def run(self, context: PassContext) -> RecomputePlan:
         return apply_recompute(context.index, context.original_regions, context.facts,
-                               context.choice.tensors, context.options.batch_size)
+                               context.choice.tensors, context.options.batch_size,
+                               context.choice.lead, context.choice.late_copies)
