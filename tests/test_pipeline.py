@@ -45,8 +45,9 @@ def test_memory_policy_runs_recompute_and_the_schedule_passes():
     given = context.index
     nodes = len(given)
     result = run_pipeline(context)
-    assert list(result.plans) == ["recompute", "loop bodies", "split IdentityN", "loop sums",
-                                  "late terms", "early updates"]
+    assert list(result.plans) == ["recompute", "loop bodies", "in-place terms",
+                                  "split IdentityN", "loop sums", "late terms",
+                                  "early updates"]
     assert all(isinstance(plan, PassPlan) for plan in result.plans.values())
     assert result.plans["recompute"].changed and result.plans["recompute"].copied_ops > 0
     assert "swap" not in result.plans  # not asked for

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.analysis.decay_terms import DecayJoin, decay_joins
 from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
 from graphmem.analysis.regions import Regions, is_parameter_read
 from graphmem.graph.index import GraphIndex
@@ -48,15 +49,23 @@ def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None) -> F
     feeds = [(i, 0) for i in step if index.ops[i] in FEED_OPS and index.num_outputs[i]]
     feed_bytes = {t: sizes[t[0]][0] or 0 for t in feeds}
     total_feeds = sum(feed_bytes.values())
+    # a large weight-decay sum runs as its gradient plus one piece of the term at a time
+    # (passes/in_place_terms.py)
+    joins = {d.join: d for d in decay_joins(index, regions)}
     best, best_op = -1, -1
     for i in step:
-        footprint, read_feeds = _footprint(index, i, sizes, scratch)
+        if i in joins:
+            d = joins[i]
+            footprint, read_feeds = d.bytes + d.piece_bytes, []
+        else:
+            footprint, read_feeds = _footprint(index, i, sizes, scratch)
         footprint += total_feeds - sum(feed_bytes[t] for t in read_feeds)
         if footprint > best:
             best, best_op = footprint, i
     if best_op < 0:
         return Floor(0)
-    parts = _parts(index, best_op, sizes, scratch, feed_bytes)
+    parts = _join_parts(index, joins[best_op], feed_bytes) if best_op in joins else \
+        _parts(index, best_op, sizes, scratch, feed_bytes)
     return Floor(best, index.names[best_op], parts)
 
 
@@ -98,5 +107,14 @@ def _parts(index: GraphIndex, i: int, sizes, scratch, feed_bytes) -> list[FloorP
         parts.append(FloorPart(f"{index.names[i]} (scratch)", scratch(i), "scratch"))
     parts.extend(FloorPart(index.tensor_name(t), b, "feed")
                  for t, b in feed_bytes.items() if t not in read)
+    parts.sort(key=lambda p: -p.bytes)
+    return parts
+
+
+def _join_parts(index: GraphIndex, d: DecayJoin, feed_bytes) -> list[FloorPart]:
+    parts = [FloorPart(index.tensor_name(d.gradient), d.bytes, "input"),
+             FloorPart(f"{index.tensor_name((d.term, 0))} (one of {d.pieces} pieces)",
+                       d.piece_bytes, "input")]
+    parts.extend(FloorPart(index.tensor_name(t), b, "feed") for t, b in feed_bytes.items())
     parts.sort(key=lambda p: -p.bytes)
     return parts

@@ -45,7 +45,9 @@ ALIASING_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze", "StopG
                           # value, a buffer of its own
                           "Enter", "RefEnter", "Exit", "RefExit", "NextIteration",
                           "RefNextIteration", "LoopCond", "Switch", "RefSwitch",
-                          "StackPushV2"})
+                          "StackPushV2",
+                          # adds into its first input's buffer (passes/in_place_terms.py)
+                          "InplaceAdd"})
 _BACK_EDGES = frozenset({"NextIteration", "RefNextIteration"})
 _POP_OUTPUT = {"TensorListPopBack": 1}  # the popped element (StackPopV2: output 0)
 PERSISTENT_OPS = VARIABLE_OPS | {"Const", "HostConst", "ReadVariableOp", "_Arg"}

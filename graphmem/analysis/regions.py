@@ -97,7 +97,7 @@ class Regions:
         if self._step is not None and self._step[0] == id(index):
             return self._step[1]  # asked by each estimate and pass: walk once per index
         roots = self.backward | self.optimizer | self.state_updates | {t[0] for t in self.loss}
-        roots -= _unread_identityn(index, roots)
+        roots -= _left_unread(index, roots)
         step = index.ancestors(roots, data_only=False)
         self._step = (id(index), step)
         return step
@@ -111,13 +111,28 @@ class Regions:
         return "other"
 
 
-def _unread_identityn(index: GraphIndex, roots: set[int]) -> set[int]:
-    """`IdentityN` ops nothing reads (left so by passes/split_identityn.py): they only
-    forward their inputs, and TensorFlow prunes them, so they are no part of the step (kept,
-    they would read every gradient at the end and hold it alive in the estimate)."""
-    unread = {i for i in roots if index.ops[i] == "IdentityN" and not index.data_consumers(i)}
-    if unread:
-        unread -= {s for ins in index.control_inputs for s in ins}
+# ops a pass leaves without readers when it replaces them (split_identityn.py: a
+# gradient IdentityN; in_place_terms.py: a weight-decay sum)
+_REPLACED_OPS = frozenset({"IdentityN", "AddN", "Add", "AddV2"})
+
+
+def _left_unread(index: GraphIndex, roots: set[int]) -> set[int]:
+    """Ops nothing reads that passes left behind (`_REPLACED_OPS` nothing reads by data or
+    waits for), and the stateless ops only they read: TensorFlow prunes them (a session
+    runs what is fetched, a function body what its results need), so they are no part of
+    the step (kept, an unread IdentityN would read every gradient at the end and hold it
+    alive in the estimate). One walk back from them: linear in what it removes."""
+    stack = [i for i in roots if index.ops[i] in _REPLACED_OPS and not index.data_consumers(i)]
+    if not stack:
+        return set()
+    unread: set[int] = set()
+    while stack:
+        i = stack.pop()
+        if i in unread or index.control_consumers[i] or index.stateful[i] or \
+                any(c not in unread for c in index.data_consumers(i)):
+            continue
+        unread.add(i)
+        stack.extend(s for s, _ in index.data_inputs[i] if s in roots and s not in unread)
     return unread
 
 

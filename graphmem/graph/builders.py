@@ -1,5 +1,5 @@
-"""NodeDefs the passes add, built one way: names that do not collide, scalar constants,
-Identity copies of a tensor.
+"""NodeDefs the passes add, built one way: names that do not collide, scalar and int32
+constants, Identity copies of a tensor, other ops with their types and static shapes.
 
 Attributes are set in one fixed order (type, value, `_output_shapes`, then the caller's),
 so that a rewritten graph serializes to the same bytes whichever pass built the node.
@@ -62,3 +62,41 @@ def identity_node(name: str, inputs: Iterable[str], device: str, dtype: int | No
         else:
             s.CopyFrom(shape)
     return node
+
+
+def add_int32_const(graph: Message, name: str, values: list[int], shape: list[int],
+                    device: str = "") -> Message:
+    """Append an int32 Const of `shape` holding `values` (shapes, offsets, indices)."""
+    node = graph.node.add(name=name, op="Const")
+    if device:
+        node.device = device
+    node.attr["dtype"].type = dtypes.INT32
+    t = node.attr["value"].tensor
+    t.dtype = dtypes.INT32
+    for d in shape:
+        t.tensor_shape.dim.add(size=d)
+    t.int_val.extend(values)
+    _set_shape(node, shape)
+    return node
+
+
+def add_op(graph: Message, name: str, op: str, inputs: Iterable[str], device: str,
+           attrs: dict[str, int], shape: list[int]) -> Message:
+    """Append `op` reading `inputs` (data, then control), its type attrs (`{"T": dtype}`)
+    set in the order given and its one output shaped `shape`."""
+    node = graph.node.add(name=name, op=op)
+    if device:
+        node.device = device
+    node.input.extend(inputs)
+    for key, dtype in attrs.items():
+        node.attr[key].type = dtype
+    _set_shape(node, shape)
+    return node
+
+
+def _set_shape(node: Message, shape: list[int]) -> None:
+    s = node.attr["_output_shapes"].list.shape.add()
+    if not shape:
+        s.SetInParent()
+    for d in shape:
+        s.dim.add(size=d)

@@ -151,7 +151,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     # each update's edges: out to the backward ops that wait for it, and in from the last
     # readers of its variable's value
     by_op = {u.op: u for u in updates}
-    edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, a)]
+    edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, step, a)]
              + [(g, p) for g in _gradients(by_op[a]) for p in by_op[a].slot_products
                 if index.position[p] > index.position[g] or reach.reaches(p, g) is False]
              for a, targets in chosen.items()}
@@ -291,12 +291,14 @@ def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
     return None
 
 
-def _value_readers(index: GraphIndex, reach: Reachability, a: int) -> list[int]:
+def _value_readers(index: GraphIndex, reach: Reachability, step: set[int],
+                   a: int) -> list[int]:
     """Backward readers of the variable's value that the update does not wait for yet
     (the `dx = dy . W^T` matmul reading the forward read of W). A resource variable
     updated while a read's tensor is still referenced is copied first (copy on write), so
     an update running before them costs a transient copy of the variable: wait for them.
-    Only readers that provably do not depend on the update (no cycle)."""
+    Only readers that provably do not depend on the update (no cycle), and that the step
+    runs (an edge from an op a pass left unread would make TF run it again)."""
     variable = _variable_of(index, a)
     if variable is None or index.ops[variable] not in ("_Arg", "VarHandleOp"):
         return []  # ref variables (TF1) are updated in place, never copied
@@ -307,7 +309,8 @@ def _value_readers(index: GraphIndex, reach: Reachability, a: int) -> list[int]:
         if reach.reaches(r, a) is not True:
             continue  # reads after the update (Keras Adam's slot reads) see the new value
         for c in index.data_consumers(r):
-            if index.in_loop(c) or index.ops[c] in ("Identity", "ReadVariableOp"):
+            if index.in_loop(c) or index.ops[c] in ("Identity", "ReadVariableOp") or \
+                    c not in step:
                 continue
             if index.position[c] > index.position[a] and reach.reaches(a, c) is not False:
                 continue  # c may depend on the update: an edge c -> a could close a cycle

@@ -49,8 +49,10 @@ def apply_late_terms(index: GraphIndex, regions: Regions,
     backward = regions.backward
     edges: dict[int, list[tuple[int, int]]] = {}  # join -> its edges
     deferred: dict[int, list[int]] = {}  # join -> bytes of each term it defers
+    step = regions.step_nodes(index)  # without the joins in_place_terms.py replaced
     for j in index.topo:
-        if j not in backward or index.ops[j] not in SUM_OPS or not _always_runs(index, j):
+        if j not in backward or index.ops[j] not in SUM_OPS or j not in step or \
+                not _always_runs(index, j):
             continue
         inputs = index.data_inputs[j]
         if len(inputs) < 2:

@@ -19,6 +19,7 @@ from graphmem.analysis.towers import check_collective_order, collectives
 from graphmem.graph.index import GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 from graphmem.passes.early_updates import EarlyUpdatesPass
+from graphmem.passes.in_place_terms import InPlaceTermsPass
 from graphmem.passes.late_terms import LateTermsPass
 from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
@@ -29,13 +30,15 @@ from graphmem.passes.swap import SwapPass
 
 # the order matters: recompute plans on the original graph's saved activations; the loop
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
-# what recompute kept; the schedule passes (an optimizer's IdentityN split, v1 loop sums,
-# late weight-decay terms, early updates) come last, as they order what the others made
+# what recompute kept; large weight-decay terms are then added into their gradients in
+# pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, late
+# weight-decay terms, early updates) come last, as they order what the others made
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
     LoopRecomputePass(),
     LoopRecomputeV1Pass(),
     SwapPass(),
+    InPlaceTermsPass(),
     SplitIdentityNPass(),
     LoopSumsPass(),
     LateTermsPass(),

@@ -38,6 +38,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
         "early_updates": result.early,
+        "in_place_terms": result.passes.get("in-place terms"),
         "loop_bodies_v1": _loops_v1_doc(result),
         "budget": None if result.budget is None else {
             "budget_bytes": result.budget_bytes, "method": result.budget.method,
@@ -152,6 +153,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
             console.print(f"late terms: {e.late_terms} weight-decay terms are computed just "
                           f"before the gradient they are added to ({format_bytes(e.late_term_bytes)}"
                           " no longer waits through the backward pass)")
+    in_place = result.passes.get("in-place terms")
+    if in_place is not None and in_place.terms:
+        console.print(f"in-place terms: {len(in_place.terms)} weight-decay terms are added into "
+                      f"their gradient in {in_place.pieces} pieces "
+                      f"({format_bytes(in_place.bytes)} no longer allocated beside it)")
     b, a = result.before, result.after
     ratio = f" ({a.peak_bytes / b.peak_bytes:.2f}x)" if b.peak_bytes else ""
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
