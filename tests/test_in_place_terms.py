@@ -6,8 +6,6 @@ Found on tf-slim's AlexNet and VGG-16: their first fully connected layer's weigh
 and its decay term (2 x 100 MiB, 2 x 392 MiB) were live together in the AddN summing them,
 the floor of every recompute plan."""
 
-import os
-
 import pytest
 
 from graphmem.analysis.decay_terms import decay_joins
@@ -17,6 +15,7 @@ from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.in_place_terms import add_terms_in_place
 from graphmem.rewrite import RewriteOptions, rewrite_file
+from tests.decayed_models import decayed_classifier
 from tests.graphbuilder import G
 
 BATCH, INPUT, WIDE = 4, 256, 16384  # the wide layer's weight: 256 x 16384 floats, 16 MiB
@@ -25,32 +24,8 @@ WEIGHT_BYTES = INPUT * WIDE * 4
 
 @pytest.fixture(scope="module")
 def wide_decayed(tmp_path_factory):
-    """A TF1 classifier with one wide layer, L2 weight decay as tf-slim adds it
-    (REGULARIZATION_LOSSES, get_total_loss), dropout-free, Momentum."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    v1 = tf.compat.v1
-    path = tmp_path_factory.mktemp("wide") / "wide.meta"
-    g = tf.Graph()
-    with g.as_default():
-        x = v1.placeholder(tf.float32, [None, INPUT], name="x")
-        y = v1.placeholder(tf.int32, [None], name="y")
-        h = x
-        for i, (a, b) in enumerate(((INPUT, WIDE), (WIDE, 10))):
-            w = v1.get_variable(f"w{i}", [a, b], use_resource=True,
-                                initializer=v1.glorot_uniform_initializer(seed=i + 1))
-            v1.add_to_collection(v1.GraphKeys.REGULARIZATION_LOSSES,
-                                 4e-5 * tf.nn.l2_loss(w))
-            h = tf.matmul(h, w)
-            if i == 0:
-                h = tf.nn.relu(h)
-        v1.losses.sparse_softmax_cross_entropy(y, h)
-        loss = v1.losses.get_total_loss()
-        train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
-        v1.add_to_collection("train_op", train)
-        v1.train.export_meta_graph(str(path), graph_def=g.as_graph_def(add_shapes=True))
-    return path
+    """A TF1 classifier with one wide layer, both weights decayed."""
+    return decayed_classifier(tmp_path_factory.mktemp("wide") / "wide.meta", [INPUT, WIDE, 10])
 
 
 def test_the_wide_layers_join_is_found(wide_decayed):

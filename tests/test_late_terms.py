@@ -4,8 +4,6 @@ Found on tf-slim's ResNet-50 (benchmarks/slim_models_bench.py): each `L2Loss_gra
 reads only its variable and a scalar from the loss, so TF computed all of them when the
 backward pass started and held ~90 MiB of them until their layer's gradient arrived."""
 
-import os
-
 import pytest
 
 from graphmem.analysis.regions import analyze_regions
@@ -13,6 +11,7 @@ from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.late_terms import apply_late_terms
 from graphmem.rewrite import RewriteOptions, rewrite_file
+from tests.decayed_models import decayed_classifier
 from tests.graphbuilder import G
 
 LAYERS, WIDTH, BATCH = 6, 256, 4
@@ -20,32 +19,9 @@ LAYERS, WIDTH, BATCH = 6, 256, 4
 
 @pytest.fixture(scope="module")
 def decayed_mlp(tmp_path_factory):
-    """A TF1 MLP whose weights outweigh its activations, with L2 weight decay as slim adds
-    it (REGULARIZATION_LOSSES, get_total_loss) and Momentum."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    v1 = tf.compat.v1
+    """A TF1 MLP whose weights outweigh its activations, its hidden layers decayed."""
     path = tmp_path_factory.mktemp("decay") / "decay.meta"
-    g = tf.Graph()
-    with g.as_default():
-        x = v1.placeholder(tf.float32, [None, WIDTH], name="x")
-        y = v1.placeholder(tf.int32, [None], name="y")
-        h = x
-        for i in range(LAYERS):
-            w = v1.get_variable(f"w{i}", [WIDTH, WIDTH], use_resource=True,
-                                initializer=v1.glorot_uniform_initializer(seed=i + 1))
-            v1.add_to_collection(v1.GraphKeys.REGULARIZATION_LOSSES,
-                                 4e-5 * tf.nn.l2_loss(w))
-            h = tf.nn.relu(tf.matmul(h, w))
-        out = v1.get_variable("out", [WIDTH, 10], use_resource=True,
-                              initializer=v1.glorot_uniform_initializer(seed=99))
-        v1.losses.sparse_softmax_cross_entropy(y, tf.matmul(h, out))
-        loss = v1.losses.get_total_loss()
-        train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
-        v1.add_to_collection("train_op", train)
-        v1.train.export_meta_graph(str(path), graph_def=g.as_graph_def(add_shapes=True))
-    return path
+    return decayed_classifier(path, [WIDTH] * (LAYERS + 1) + [10], decay_last=False)
 
 
 def test_each_decay_term_waits_for_its_layer_gradient(decayed_mlp):

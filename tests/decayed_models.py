@@ -1,0 +1,38 @@
+"""TF1 classifiers with L2 weight decay as tf-slim adds it (REGULARIZATION_LOSSES,
+get_total_loss) and Momentum: the weight-decay tests' models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def decayed_classifier(path: Path, widths: list[int], decay_last: bool = True) -> Path:
+    """Dense layers `widths[0] -> widths[1] -> ... -> widths[-1]` (ReLU between them, weights
+    `w0`, `w1`, ...), each weight decayed (the last one only with `decay_last`), saved as a
+    .meta with its shapes."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = v1.placeholder(tf.float32, [None, widths[0]], name="x")
+        y = v1.placeholder(tf.int32, [None], name="y")
+        h = x
+        last = len(widths) - 2
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
+            w = v1.get_variable(f"w{i}", [a, b], use_resource=True,
+                                initializer=v1.glorot_uniform_initializer(seed=i + 1))
+            if i < last or decay_last:
+                v1.add_to_collection(v1.GraphKeys.REGULARIZATION_LOSSES,
+                                     4e-5 * tf.nn.l2_loss(w))
+            h = tf.matmul(h, w)
+            if i < last:
+                h = tf.nn.relu(h)
+        v1.losses.sparse_softmax_cross_entropy(y, h)
+        loss = v1.losses.get_total_loss()
+        train = v1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
+        v1.add_to_collection("train_op", train)
+        v1.train.export_meta_graph(str(path), graph_def=g.as_graph_def(add_shapes=True))
+    return path
