@@ -27,12 +27,22 @@ def test_updates_get_edges_to_the_next_backward_ops():
         extra = [x for x in node.input if x not in before[node.name]]
         if extra:
             added[node.name] = extra
-    assert sum(len(v) for v in added.values()) == plan.edges
+    assert sum(len(v) for v in added.values()) == plan.edges + plan.handle_edges
     backward_names = {ix.names[i] for i in regions.backward}
+    forward_names = {ix.names[i] for i in regions.forward}
+    handles = 0
     for target, controls in added.items():
-        assert target in backward_names
         for c in controls:
-            assert c.startswith("^") and "Apply" in new.ops[new.id_of[c[1:]]]
+            assert c.startswith("^")
+            if new.ops[new.id_of[c[1:]]] == "VarHandleOp":
+                # a slot's handle runs before the forward read of its variable (a root of
+                # the step only the update reads could otherwise run last of all)
+                assert target in forward_names and new.ops[new.id_of[target]] == \
+                    "ReadVariableOp"
+                handles += 1
+            else:
+                assert target in backward_names and "Apply" in new.ops[new.id_of[c[1:]]]
+    assert handles == plan.handle_edges >= 2 * 48  # Adam's two slots of 24 x 2 variables
     # the update of layer 20's weights now precedes the relu gradient of layer 19
     assert "^Adam/update_layer_20/weights/ResourceApplyAdam" in added[
         "gradients/layer_19/Relu_grad/ReluGrad"]

@@ -57,6 +57,7 @@ class EarlyUpdatesPlan(PassPlan):
     split_identityn: list[str] = field(default_factory=list)  # gradient barriers split first
     release_edges: int = 0  # edges from a variable value's last readers into its update
     held_back: int = 0  # products of slots alone (RMSprop's rho * v) made to wait for the gradient
+    handle_edges: int = 0  # slot handles made to run in the forward pass (_early_handles)
     skipped: dict[str, int] = field(default_factory=dict)  # why -> updates
     late_terms: int = 0  # weight-decay terms made to wait for their gradient (late_terms.py)
     late_term_bytes: int = 0
@@ -154,6 +155,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     edges = {a: [(a, x) for x in targets] + [(c, a) for c in _value_readers(index, reach, step, a)]
              + [(g, p) for g in _gradients(by_op[a]) for p in by_op[a].slot_products
                 if index.position[p] > index.position[g] or reach.reaches(p, g) is False]
+             + _early_handles(index, regions, a)
              for a, targets in chosen.items()}
     for a in [a for a, a_edges in edges.items()
               if any(index.may_be_dead(u) for u, _ in a_edges)]:
@@ -170,8 +172,11 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
     index.add_control_edges(added)
     plan.updates = len(edges)
     plan.release_edges = sum(1 for _, v in added if v in edges)
-    plan.held_back = sum(1 for u, v in added if u not in edges and v not in edges)
-    plan.edges = len(added) - plan.release_edges - plan.held_back
+    plan.handle_edges = sum(1 for u, v in added if u not in edges and v not in edges and
+                            index.ops[u] in VARIABLE_OPS)
+    plan.held_back = sum(1 for u, v in added if u not in edges and v not in edges and
+                         index.ops[u] not in VARIABLE_OPS)
+    plan.edges = len(added) - plan.release_edges - plan.held_back - plan.handle_edges
     return plan
 
 
@@ -317,6 +322,34 @@ def _value_readers(index: GraphIndex, reach: Reachability, step: set[int],
             if reach.reaches(c, a) is False:
                 out.append(c)
     return sorted(set(out))
+
+
+def _early_handles(index: GraphIndex, regions: Regions, a: int) -> list[tuple[int, int]]:
+    """Edges that run the update's slot handles during the forward pass.
+
+    A TF1 slot variable's handle (`VarHandleOp`, `VariableV2`) is a root of the step that
+    only its update reads. TF queues the step's roots once, at its start, behind the work
+    that runs first, so such a handle can run last of all: seen on tf-slim AlexNet at one
+    inter-op thread, in one process of four the Momentum slot's handle of fc7 ran at the end
+    of the step, fc7's update waited for it, and its 64 MiB gradient stayed alive through
+    fc6's backward pass (250 against 128 MiB). An edge from each such handle to the first
+    forward read of the update's own variable makes that read wait for it, so it runs in
+    the forward pass (a trivial op); the init and save ops never run forward reads, so
+    they do not wait for anything new."""
+    variable = _variable_of(index, a)
+    if variable is None:
+        return []
+    reads = [r for r in _accesses_of(index, variable, a) if r in regions.forward]
+    if not reads:
+        return []
+    first = min(reads, key=index.position.__getitem__)
+    out = []
+    for s, _ in index.data_inputs[a][1:]:
+        if index.ops[s] in VARIABLE_OPS and not index.data_inputs[s] and \
+                not index.control_inputs[s] and s not in index.control_inputs[first] and \
+                (s, first) not in out:
+            out.append((s, first))
+    return out
 
 
 def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> list[int]:
