@@ -33,9 +33,11 @@ def render_plan(result: Tradeoff, console: Console, plot: str | None = None) -> 
     console.print(f"lowest peak reachable: {format_bytes(result.smallest_peak_bytes)}; "
                   f"with early updates only: {format_bytes(result.early_updates_peak_bytes)}")
     if result.floor.get("bytes"):
+        parts = ", ".join(f"{p['role']} {p['name']} {format_bytes(p['bytes'])}"
+                          for p in result.floor["parts"][:3])
         console.print(f"floor: {format_bytes(result.floor['bytes'])} "
                       f"({result.floor['bytes'] / original:.2f}x), no plan peaks lower "
-                      f"({result.floor['op']} runs with its inputs and outputs)")
+                      f"({result.floor['op']} runs with {parts})")
     if result.floor_note:
         console.print(result.floor_note)
     if plot:
