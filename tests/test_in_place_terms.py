@@ -18,25 +18,26 @@ from graphmem.rewrite import RewriteOptions, rewrite_file
 from tests.decayed_models import decayed_classifier
 from tests.graphbuilder import G
 
-BATCH, INPUT, WIDE = 4, 256, 16384  # the wide layer's weight: 256 x 16384 floats, 16 MiB
-WEIGHT_BYTES = INPUT * WIDE * 4
+BATCH, INPUT, HIDDEN, WIDE = 4, 64, 1024, 4096  # the wide layer's weight: 16 MiB
+WEIGHT_BYTES = HIDDEN * WIDE * 4
 
 
 @pytest.fixture(scope="module")
 def wide_decayed(tmp_path_factory):
-    """A TF1 classifier with one wide layer, both weights decayed."""
-    return decayed_classifier(tmp_path_factory.mktemp("wide") / "wide.meta", [INPUT, WIDE, 10])
+    """A TF1 classifier whose second layer is wide, every weight decayed."""
+    return decayed_classifier(tmp_path_factory.mktemp("wide") / "wide.meta",
+                              [INPUT, HIDDEN, WIDE, 10])
 
 
 def test_the_wide_layers_join_is_found(wide_decayed):
     index = Workspace.open(load_model(wide_decayed)).index
     joins = decay_joins(index, analyze_regions(index))
-    assert len(joins) == 1  # the other weight (640 KiB) is below MIN_BYTES
+    assert len(joins) == 1  # the other weights (256 and 160 KiB) are below MIN_BYTES
     d = joins[0]
-    assert d.bytes == WEIGHT_BYTES and d.shape == (INPUT, WIDE)
-    assert index.names[d.term] == "gradients/L2Loss_grad/mul"
-    assert index.names[d.gradient[0]] == "gradients/MatMul_grad/tuple/control_dependency_1"
-    assert (INPUT * WIDE) % d.pieces == 0 and 2 <= d.pieces <= 64
+    assert d.bytes == WEIGHT_BYTES and d.shape == (HIDDEN, WIDE)
+    assert index.names[d.term] == "gradients/L2Loss_1_grad/mul"
+    assert index.names[d.gradient[0]] == "gradients/MatMul_1_grad/tuple/control_dependency_1"
+    assert (HIDDEN * WIDE) % d.pieces == 0 and 2 <= d.pieces <= 64
 
 
 def test_floor_counts_the_gradient_and_one_piece(wide_decayed):
@@ -61,9 +62,16 @@ def test_rewrite_adds_the_term_in_place_and_trains_bit_identically(wide_decayed,
     # no part of the step (TF prunes them)
     regions = analyze_regions(index, batch_size=BATCH)
     step = regions.step_nodes(index)
-    for name in (plan.terms[0], "gradients/L2Loss_grad/mul"):
+    for name in (plan.terms[0], "gradients/L2Loss_1_grad/mul"):
         assert index.id_of[name] not in step
     assert all(i in step for i in adds)
+    # early updates continue the backward chain where the layer's own gradient leaves it,
+    # as without the pieces: the wide layer's update is waited for by backward ops the
+    # step runs, not by the unread sum
+    update = next(n for n in index.names if n.endswith("update_w1/ResourceApplyMomentum"))
+    waiting = [c for c in index.control_consumers[index.id_of[update]]
+               if index.names[c].startswith("gradients/")]
+    assert waiting and all(c in step for c in waiting), [index.names[c] for c in waiting]
     # the estimate no longer holds two weight-sized tensors at once
     assert result.after.peak_bytes <= result.before.peak_bytes - WEIGHT_BYTES // 2
     pytest.importorskip("tensorflow")

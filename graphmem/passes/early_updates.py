@@ -125,6 +125,9 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         return verdicts[w]
 
     chosen: dict[int, list[int]] = {}  # update -> backward ops that wait for it
+    # the backward ops the step runs (a sum in_place_terms.py replaced, and its term, are
+    # left unread: an edge into them would order nothing)
+    backward = regions.backward & step
     for u in updates:
         a = u.op
         # moving `a` earlier moves the writes it waits for too: each must be safe to move
@@ -135,7 +138,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
         chain = [x for g in _gradients(u) for x in
-                 _next_in_chain(index, g, a, regions.backward, in_scope)]
+                 _next_in_chain(index, g, a, backward, in_scope)]
         targets = [x for x in dict.fromkeys(chain) if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
@@ -368,10 +371,26 @@ def _landmarks(index: GraphIndex, regions: Regions, checkpoints: list[int]) -> l
 
 
 def _through_identities(index: GraphIndex, i: int, backward: set[int]) -> int:
-    while index.ops[i] == "Identity" and index.data_inputs[i] \
-            and index.data_inputs[i][0][0] in backward:
+    """The op behind Identity ops, and behind a weight-decay term added in place
+    (in_place_terms.py: Reshape, InplaceAdd pieces, Reshape), which hand on the gradient's
+    own buffer: the update's gradient is the layer's, as before the term was added."""
+    while index.data_inputs[i] and index.data_inputs[i][0][0] in backward and (
+            index.ops[i] in ("Identity", "InplaceAdd") or _in_place_reshape(index, i)):
         i = index.data_inputs[i][0][0]
     return i
+
+
+def _in_place_reshape(index: GraphIndex, i: int) -> bool:
+    """A Reshape at either end of an in-place chain: of an InplaceAdd's result, or read
+    only as the tensor an InplaceAdd adds into."""
+    if index.ops[i] != "Reshape":
+        return False
+    src = index.data_inputs[i][0][0]
+    if index.ops[src] == "InplaceAdd":
+        return True
+    readers = index.consumers.get((i, 0), [])
+    return len(readers) == 1 and index.ops[readers[0]] == "InplaceAdd" and \
+        index.data_inputs[readers[0]][0] == (i, 0)
 
 
 def _readers_past_identities(index: GraphIndex, i: int, backward: set[int],
