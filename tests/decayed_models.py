@@ -36,3 +36,18 @@ def decayed_classifier(path: Path, widths: list[int], decay_last: bool = True) -
         v1.add_to_collection("train_op", train)
         v1.train.export_meta_graph(str(path), graph_def=g.as_graph_def(add_shapes=True))
     return path
+
+
+def trained_alike(original: Path, rewritten: Path, batch: int, threads=(1, 2)) -> list:
+    """Train both graphs 3 steps at each inter-op thread setting, Grappler off, and demand
+    bit-identical losses and variables; returns the verify results."""
+    from graphmem.runtime.train_runner import RunSpec
+    from graphmem.runtime.verify import verify
+
+    results = []
+    for t in threads:
+        r = verify(str(original), str(rewritten),
+                   RunSpec(batch_size=batch, grappler=False, inter_op_threads=t), 3, 0.0, 0.0)
+        assert r.same_training and r.max_variable_diff == 0, r.mismatches
+        results.append(r)
+    return results

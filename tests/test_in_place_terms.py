@@ -15,7 +15,7 @@ from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.in_place_terms import add_terms_in_place
 from graphmem.rewrite import RewriteOptions, rewrite_file
-from tests.decayed_models import decayed_classifier
+from tests.decayed_models import decayed_classifier, trained_alike
 from tests.graphbuilder import G
 
 BATCH, INPUT, HIDDEN, WIDE = 4, 64, 1024, 4096  # the wide layer's weight: 16 MiB
@@ -78,11 +78,7 @@ def test_rewrite_adds_the_term_in_place_and_trains_bit_identically(wide_decayed,
     from graphmem.runtime.train_runner import RunSpec
     from graphmem.runtime.verify import verify
 
-    for threads in (1, 2):
-        r = verify(str(wide_decayed), str(out),
-                   RunSpec(batch_size=BATCH, grappler=False, inter_op_threads=threads),
-                   3, 0.0, 0.0)
-        assert r.same_training and r.max_variable_diff == 0, r.mismatches
+    for r in trained_alike(wide_decayed, out, BATCH):
         # measured: the gradient and one piece, not the gradient and the whole term
         assert r.rewritten.measured_peak_bytes < \
             r.original.measured_peak_bytes - WEIGHT_BYTES // 2, (r.original, r.rewritten)
