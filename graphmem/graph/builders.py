@@ -95,8 +95,6 @@ def add_op(graph: Message, name: str, op: str, inputs: Iterable[str], device: st
 
 
 def _set_shape(node: Message, shape: list[int]) -> None:
-    s = node.attr["_output_shapes"].list.shape.add()
-    if not shape:
-        s.SetInParent()
+    s = node.attr["_output_shapes"].list.shape.add()  # no dims: a scalar
     for d in shape:
         s.dim.add(size=d)

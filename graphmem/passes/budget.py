@@ -612,11 +612,8 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
 
     def candidate(policy: str, choice: CheckpointChoice,
                   sol: BudgetSolution | None = None) -> BudgetCandidate:
-        applied = runner.apply(choice)
-        after, flops = runner.measure(applied)
-        run = BudgetCandidate(policy, choice, applied, after, flops, sol)
+        run = _try(runner, policy, choice, sol)
         runs.append(run)
-        runner.restore()
         return run
 
     def attempt(model_budget: int) -> BudgetSolution | None:
@@ -725,16 +722,20 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     return best
 
 
-def _with_late_copies(best: BudgetCandidate, runner: PlanRunner) -> BudgetCandidate | None:
-    """`best` with late copies (recompute.py, _late_targets), applied, estimated and undone;
-    None when the plan has no target to copy twice."""
-    choice = replace(best.choice, late_copies=True)
+def _try(runner: PlanRunner, policy: str, choice: CheckpointChoice,
+         solution: BudgetSolution | None = None) -> BudgetCandidate:
+    """One plan applied, estimated and undone."""
     applied = runner.apply(choice)
     after, flops = runner.measure(applied)
     runner.restore()
-    if flops == best.extra_flops:
-        return None
-    return BudgetCandidate(best.policy, choice, applied, after, flops, best.solution)
+    return BudgetCandidate(policy, choice, applied, after, flops, solution)
+
+
+def _with_late_copies(best: BudgetCandidate, runner: PlanRunner) -> BudgetCandidate | None:
+    """`best` with late copies (recompute.py, _late_targets), applied, estimated and undone;
+    None when the plan has no target to copy twice (no extra FLOPs)."""
+    late = _try(runner, best.policy, replace(best.choice, late_copies=True), best.solution)
+    return None if late.extra_flops == best.extra_flops else late
 
 
 def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
@@ -763,15 +764,9 @@ def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
         # for its own readers: on CNNs whose first layers are large, a lead keeps a large
         # segment's copies alive through the next segment's gradient ops (tf-slim ResNets
         # and Inceptions at 224-299 px: estimated peaks 20-30% lower without)
-        for lead in (True, False):
-            tried = choice if lead else replace(choice, lead=False)
-            applied = runner.apply(tried)
-            after, flops = runner.measure(applied)
-            runs.append(BudgetCandidate(policy, tried, applied, after, flops, solution))
-            ahead = runner.held_ahead(applied)
-            runner.restore()
-            if not ahead:
-                break
+        runs.append(_try(runner, policy, choice, solution))
+        if runner.held_ahead(runs[-1].applied):
+            runs.append(_try(runner, policy, replace(choice, lead=False), solution))
 
     heuristic = choose_checkpoints("memory", index, regions, facts, batch_size)
     run("memory", heuristic)
