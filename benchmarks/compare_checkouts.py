@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/compare_checkouts.py --base OLD_CHECKOUT --head NEW_CHECKOUT
         [--work DIR] [--jobs 2] [--sizes 20k,100k] [--big] [--only SUBSTRING]
-        [--base-results FILE]
+        [--base-results FILE] [--timing N]
 
 For a restructuring that must change no result. Every fixture of tests/fixtures/data (per
 its manifest entry, with its tags and function) and synthetic training graphs
@@ -22,6 +22,11 @@ removed) and the error line of a failing command must be the same in both. The c
 that differ are listed with the first fields that differ; the exit status is 1 when any
 does.
 
+`--timing N` then times the cases again, N times each, base and head taking turns, one
+command at a time, and prints each case's lowest wall and CPU seconds (the command's
+process) per checkout and their ratio: the tool-time check of a restructuring (e.g.
+`--only chain-100k.rewrite-memory --timing 8`).
+
 `--base-results FILE` keeps the base's results (keyed by its commit and each case's
 command line) so that repeated comparisons against one fixed base run only the head.
 """
@@ -33,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -178,6 +184,24 @@ def run_case(root: Path, case: Case, out: Path, work: Path) -> dict:
             "errors": errors, "seconds": seconds}
 
 
+def time_cases(base: Path, head: Path, cases: list[Case], work: Path, runs: int) -> None:
+    """Each case `runs` times per checkout, alternating, one at a time; prints the lowest
+    wall and CPU seconds of each and head / base."""
+    print(f"timing, lowest of {runs} runs each (wall s, CPU s):")
+    for case in cases:
+        best: dict[str, list[float]] = {"base": [1e9, 1e9], "head": [1e9, 1e9]}
+        for _ in range(runs):
+            for label, root in (("base", base), ("head", head)):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                wall = run_case(root, case, work / f"timing-{label}" / case.name, work)["seconds"]
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                best[label] = [min(best[label][0], wall), min(best[label][1], cpu)]
+        (bw, bc), (hw, hc) = best["base"], best["head"]
+        print(f"  {case.name}: base {bw:.2f} / {bc:.2f}, head {hw:.2f} / {hc:.2f}; "
+              f"head / base {hw / bw:.3f} wall, {hc / bc:.3f} CPU")
+
+
 def first_differences(a, b, path: str = "", found: list | None = None, limit: int = 5):
     """The first `limit` paths inside two JSON values where they differ."""
     found = [] if found is None else found
@@ -222,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--big", action="store_true", help="also 1M-node synthetic graphs")
     ap.add_argument("--only", help="run only cases whose name contains this")
     ap.add_argument("--base-results", type=Path, help="cache of the base's results")
+    ap.add_argument("--timing", type=int, default=0, metavar="N",
+                    help="then time each case N times per checkout, alternating")
     args = ap.parse_args(argv)
     base, head = args.base.resolve(), args.head.resolve()
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             args.base_results.write_text(json.dumps({"commit": commit, "results": cached}))
         base_results = {c.name: cached[c.key()] for c in cases}
         head_results = run_all(head, "head", cases, work, args.jobs)
+        if args.timing:
+            time_cases(base, head, cases, work, args.timing)
     differ = 0
     base_s = head_s = 0.0
     for c in cases:
