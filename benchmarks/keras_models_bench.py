@@ -63,15 +63,17 @@ def _text(kind: str):
     return keras.Model(inp, keras.layers.Dense(10)(h)), [None, STEPS], "int32"
 
 
-def build(name: str, path: Path) -> None:
+def build(name: str, path: Path, size: int | None = None) -> None:
+    """Save `name` as a TF2 train-step SavedModel at `path`; an application at `size` px
+    (its canonical size in benchmarks/networks_bench.py) instead of this benchmark's."""
     import keras
 
     from graphmem.runtime import tf_loader
 
     tf = tf_loader.tensorflow("to build the benchmark models")
     keras.utils.set_random_seed(0)
-    model, shape, dtype = _text(name) if name in TEXT else _application(name,
-                                                                         APPLICATIONS[name])
+    model, shape, dtype = _text(name) if name in TEXT else _application(
+        name, size or APPLICATIONS[name])
     seeds = [layer.seed_generator.state for layer in model._flatten_layers()
              if getattr(layer, "seed_generator", None) is not None]
 

@@ -10,7 +10,9 @@ Usage::
         [--no-peer] [--no-verify] [--json FILE]
 
 The networks come from tf-slim (`pip install tf-slim tf-keras`; not graphmem dependencies)
-and are built as slim's own training scripts build them (benchmarks/slim_models_bench.py:
+or, named `keras_<Application>`, from Keras applications (saved as TF2 train-step
+SavedModels by benchmarks/keras_models_bench.py, SGD with momentum, at 224 or 299 px), and
+the slim ones are built as slim's own training scripts build them (benchmarks/slim_models_bench.py:
 weight decay, batch norm with its moving averages in `UPDATE_OPS`, Momentum, auxiliary heads),
 at the input size each network was designed for (224, or 299 for Inception v3). Variants:
 
@@ -29,7 +31,9 @@ process to process): the table shows the median step peak above resident memory 
 the original's, the median step time likewise, and the peer's and graphmem's absolute peaks.
 `--warmup 100` measures TF's steady state instead of its first steps. With verification on,
 `graphmem verify --exact` trains the original and graphmem's rewrite for 3 steps with
-Grappler off at each thread setting: "same" means bit-identical losses and variables.
+Grappler off at each thread setting, and `graphmem verify` once with Grappler on: "same"
+means bit-identical losses and variables, and equal within verify's tolerances with
+Grappler on.
 """
 
 from __future__ import annotations
@@ -54,13 +58,28 @@ from benchmarks.slim_models_bench import _graphmem  # noqa: E402 (after the path
 # name -> canonical input side
 SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
-         "vgg_16": 224, "alexnet_v2": 224, "unet": 256}
+         "vgg_16": 224, "alexnet_v2": 224, "unet": 256,
+         "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
+         "keras_DenseNet121": 224}
+KERAS = "keras_"  # Keras applications, saved as TF2 train-step SavedModels
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
 
 
 def _build(name: str, side: int, path: Path, peer: bool) -> str | None:
-    """Build `name` into `path` in a child process (TF1 graph mode, a fresh graph); with
-    `peer`, OpenAI's gradients instead of tf.gradients. None, or why it failed."""
+    """Build `name` into `path` in a child process (TF1 graph mode, a fresh graph; a Keras
+    application as a TF2 train step); with `peer`, OpenAI's gradients instead of
+    tf.gradients. None, or why it failed."""
+    if name.startswith(KERAS):
+        if peer:  # its gradients are tf.gradients of a TF1 graph; a tape has none to swap
+            return "the peer rewrites tf.gradients in TF1 graphs, not a TF2 GradientTape"
+        code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from benchmarks.keras_models_bench import build
+build({name[len(KERAS):]!r}, Path({str(path)!r}), size={side!r})
+"""
+        return _run_build(code)
     code = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
@@ -77,6 +96,10 @@ if {peer!r}:
                                                                     minimize=minimize))(
     Path({str(path)!r}), {side!r}, minimize=peer)
 """
+    return _run_build(code)
+
+
+def _run_build(code: str) -> str | None:
     env = {**os.environ, "GM_MIRRORS": os.environ.get("GM_MIRRORS", "/work/.mirror"),
            "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -162,6 +185,9 @@ def _measure_once(path: Path, batch: int, threads: int, steps: int, warmup: int,
 
 
 def _same_training(src: Path, out: Path, batch: int, threads: list[int]) -> str:
+    """"same": bit-identical at each thread setting with Grappler off (`--exact`), and
+    equal within verify's tolerances with Grappler on, as users train (TF merges ops
+    then, and a merge can undo an order the rewrite relies on: passes/fusion_guard.py)."""
     for t in threads:
         _, doc, err = _graphmem("verify", str(src), str(out), "--exact", "--threads", str(t),
                                 "--batch-size", str(batch), "--steps", "3", "--json")
@@ -169,20 +195,23 @@ def _same_training(src: Path, out: Path, batch: int, threads: list[int]) -> str:
             return f"error: {err}"
         if not doc["same_training"]:
             return f"NO ({t} threads)"
-    return "same"
+    code, _, err = _graphmem("verify", str(src), str(out), "--batch-size", str(batch),
+                             "--steps", "3")
+    return "same" if code == 0 else f"NO (Grappler on: {err})"
 
 
 def run_model(name: str, args, tmp: Path) -> dict:
     side = SIDES[name]
     row: dict = {"model": name, "side": side, "batch": args.batch, "notes": []}
-    src = tmp / f"{name}.meta"
+    suffix = "" if name.startswith(KERAS) else ".meta"  # a SavedModel is a directory
+    src = tmp / f"{name}{suffix}"
     why = _build(name, side, src, peer=False)
     if why:
         row["notes"].append(f"build failed: {why}")
         return row
     variants: dict[str, tuple[Path, str | None]] = {"original": (src, None),
                                                     "grappler": (src, "RECOMPUTATION_HEURISTICS")}
-    out = tmp / f"{name}_graphmem.meta"
+    out = tmp / f"{name}_graphmem{suffix}"
     code, doc, err = _graphmem("rewrite", str(src), "-o", str(out), "--batch-size",
                                str(args.batch), "--json")
     if code != 0 or doc is None:
@@ -193,7 +222,7 @@ def run_model(name: str, args, tmp: Path) -> dict:
                            doc["after"]["estimated_peak_bytes"]]
         row["reverted"] = doc["reverted"]
     if args.peer:
-        peer = tmp / f"{name}_openai.meta"
+        peer = tmp / f"{name}_openai{suffix}"
         why = _build(name, side, peer, peer=True)
         if why:
             row["notes"].append(f"openai: {why}")

@@ -66,7 +66,11 @@ def test_fit_on_the_rewritten_step_trains_like_fit(tf, build):
     # 40 samples in batches of 16: the last batch has 8, through the same rewritten step
     history_a = plain.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0).history
     rewritten, _ = build(tf)
-    assert graphmem.keras.rewrite_train_step(rewritten, policy="memory") is rewritten
+    # kept even where its estimate is no lower (the small CNN, once the fusion guard has
+    # left out the edges TF's merged bias gradients would close into cycles): what is
+    # tested is that fit runs the rewritten step and trains the same
+    assert graphmem.keras.rewrite_train_step(rewritten, policy="memory",
+                                             keep_worse=True) is rewritten
     history_b = rewritten.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0).history
     report = rewritten.train_step_report
     assert isinstance(report, graphmem.RewriteResult)

@@ -34,7 +34,8 @@ def test_the_passes_have_distinct_names_and_declared_edits():
     names = [p.name for p in REWRITE_PASSES]
     assert len(set(names)) == len(names)
     assert all(isinstance(p.edits, Edits) for p in REWRITE_PASSES)
-    # the schedule passes that only add control edges come after every pass adding nodes
+    # the schedule passes that only add (and the fusion guard, that removes) control edges
+    # come after every pass adding nodes
     kinds = [p.edits for p in REWRITE_PASSES]
     assert kinds.index(Edits.CONTROL_EDGES) > max(
         k for k, e in enumerate(kinds) if e is Edits.NODES)
@@ -47,7 +48,7 @@ def test_memory_policy_runs_recompute_and_the_schedule_passes():
     result = run_pipeline(context)
     assert list(result.plans) == ["recompute", "loop bodies", "in-place terms",
                                   "split IdentityN", "loop sums", "late terms",
-                                  "early updates"]
+                                  "early updates", "fusion guard"]
     assert all(isinstance(plan, PassPlan) for plan in result.plans.values())
     assert result.plans["recompute"].changed and result.plans["recompute"].copied_ops > 0
     assert "swap" not in result.plans  # not asked for

@@ -283,6 +283,14 @@ class GraphIndex:
             if any(self.frame):
                 self._condense_loops()
 
+    def remove_control_edges(self, edges: list[tuple[int, int]]) -> None:
+        """Forget control edges (src, dst) a pass removed from the GraphDef. Removing edges
+        keeps every topological order valid: the order stays."""
+        for src, dst in edges:
+            self.control_inputs[dst].remove(src)
+            self.control_consumers[src].remove(dst)
+        self._dead = None
+
     def ordering_preds(self, i: int) -> list[int]:
         """The ops node i waits for: data and control inputs, less a Merge's loop back edge
         (NextIteration), which a topological order ignores."""

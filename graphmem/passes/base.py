@@ -34,8 +34,9 @@ class Edits(enum.Enum):
     # appends nodes and edits inputs (never removes or reorders: re-indexing reuses the
     # per-node facts of the nodes it had): index and regions are stale after it
     NODES = "nodes"
-    # adds control edges to the graph and to the index in place (`add_control_edges`):
-    # node ids stay, and the regions stay what the estimate reads
+    # adds or removes control edges in the graph and the index in place
+    # (`add_control_edges`, `remove_control_edges`): node ids stay, and the regions stay
+    # what the estimate reads
     CONTROL_EDGES = "control edges"
 
 
@@ -98,6 +99,12 @@ class PassContext:
             self._regions = analyze_regions(self.index, o.backward_scopes, o.batch_size,
                                             self.ws.collection("losses"))
         return self._regions
+
+    @property
+    def given_index(self) -> GraphIndex:
+        """The index of the graph before any pass (the passes append nodes: its ids hold)."""
+        assert self._given is not None
+        return self._given
 
     def reindex(self) -> GraphIndex:
         """Index the graph as it is now; the regions are analysed again when next asked."""

@@ -19,6 +19,7 @@ from graphmem.analysis.towers import check_collective_order, collectives
 from graphmem.graph.index import GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 from graphmem.passes.early_updates import EarlyUpdatesPass
+from graphmem.passes.fusion_guard import FusionGuardPass
 from graphmem.passes.in_place_terms import InPlaceTermsPass
 from graphmem.passes.late_terms import LateTermsPass
 from graphmem.passes.loop_recompute import LoopRecomputePass
@@ -32,7 +33,8 @@ from graphmem.passes.swap import SwapPass
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
 # what recompute kept; large weight-decay terms are then added into their gradients in
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, late
-# weight-decay terms, early updates) come last, as they order what the others made
+# weight-decay terms, early updates) come next, as they order what the others made; the
+# fusion guard checks the result as TF will run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
     LoopRecomputePass(),
@@ -43,6 +45,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     LoopSumsPass(),
     LateTermsPass(),
     EarlyUpdatesPass(),
+    FusionGuardPass(),
 )
 
 

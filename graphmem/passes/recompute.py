@@ -544,11 +544,20 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
             # an op in a tf.cond branch (v1) would make the copies dead when its branch is
             # not taken: walk past it to the ops that always run
             if s in downstream or index.may_be_dead(s) or (
-                    tower and tower_of(index, s) != tower):
+                    tower and tower_of(index, s) != tower) or _tuple_identity(index, s):
                 queue.append(s)
             else:
                 triggers.add(s)
     return triggers
+
+
+def _tuple_identity(index: GraphIndex, s: int) -> bool:
+    """An Identity that also waits for other ops (TF1's gradient `tuple`: a gradient waits
+    for its siblings, a bias gradient among them). Copies wait for the op under it instead:
+    once Grappler removes the Identity its wait passes to them, and a copy that waits for a
+    bias gradient, read by the filter gradient TF merges with it, closes a cycle
+    (passes/fusion_guard.py)."""
+    return index.ops[s] == "Identity" and bool(index.control_inputs[s])
 
 
 def _ref_writes(index: GraphIndex, regions: Regions, needed: set[int]) -> list[tuple[int, int]]:

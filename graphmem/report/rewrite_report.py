@@ -39,6 +39,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "reverted": result.reverted,
         "early_updates": result.early,
         "in_place_terms": result.passes.get("in-place terms"),
+        "fusion_guard": result.passes.get("fusion guard"),
         "loop_bodies_v1": _loops_v1_doc(result),
         "budget": None if result.budget is None else {
             "budget_bytes": result.budget_bytes, "method": result.budget.method,
@@ -158,6 +159,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"in-place terms: {len(in_place.terms)} weight-decay terms are added into "
                       f"their gradient in {in_place.pieces} pieces "
                       f"({format_bytes(in_place.bytes)} no longer allocated beside it)")
+    guard = result.passes.get("fusion guard")
+    if guard is not None and guard.edges_removed:
+        console.print(f"fusion guard: {guard.edges_removed} ordering edges left out (each "
+                      "would close a cycle once TensorFlow merges a weight gradient with "
+                      "its bias gradient)")
     b, a = result.before, result.after
     ratio = f" ({a.peak_bytes / b.peak_bytes:.2f}x)" if b.peak_bytes else ""
     console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "

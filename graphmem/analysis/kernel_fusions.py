@@ -1,0 +1,98 @@
+"""Ops TensorFlow merges into one kernel after graphmem has written the graph.
+
+Why it matters: when a session starts, Grappler's remapper and the oneDNN layout pass merge
+some groups of ops into one (a convolution's filter gradient and its bias gradient, which
+read the same incoming gradient, become `_MklNativeConv2DBackpropFilterWithBias`; a
+convolution, its bias and its activation become `_FusedConv2D`). Merging two ops that the
+graph keeps apart is safe only while neither reaches the other through a third op: on
+tf-slim's ResNet-50 v2 a bias update moved early (early updates) held back a gradient op
+that released a recompute segment, whose copy the shortcut's filter gradient read; merged
+with the bias gradient, that made a cycle. TF neither refuses such a graph nor reports
+it: the executor silently skipped the ~600 ops on or after the cycle, and training stopped
+updating most variables (with Grappler off, as `verify --exact` runs, nothing was merged
+and the same graph trained bit for bit).
+
+So the rewrite is checked on the graph with each such group contracted to one node
+(passes/fusion_guard.py). The groups here are a superset of what TF merges (it checks
+more conditions: device, dtype, data format, one reader): contracting a group TF does not
+merge only makes the check stricter. Cost: one pass over the nodes and their inputs.
+"""
+
+from __future__ import annotations
+
+from graphmem.graph.index import GraphIndex
+
+MAX_IDENTITIES = 8  # Identity ops looked through above a gradient
+BIAS_GRADIENTS = frozenset({"BiasAddGrad", "BiasAddGradV1"})
+# ops whose result is a weight gradient that TF computes together with the bias gradient
+# of the same incoming gradient (oneDNN's filter gradient with bias). A dense layer's
+# weight gradient (MatMul, x^T dy) is not merged with its bias gradient by TF 2.21 (seen
+# in the graph a session runs: `_MklMatMul` beside `BiasAddGrad`), so it is not listed:
+# each pair listed costs the rewrite the edges on paths between its ops
+FILTER_GRADIENTS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilter",
+                              "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropFilter"})
+# producer op -> reader ops merged into it when the reader reads the producer's first output
+# (the remapper's contraction, batch-norm and pad patterns)
+CHAINS: dict[str, frozenset[str]] = {
+    "Conv2D": frozenset({"BiasAdd", "FusedBatchNorm", "FusedBatchNormV3", "Squeeze"}),
+    "Conv3D": frozenset({"BiasAdd", "FusedBatchNorm", "FusedBatchNormV3"}),
+    "DepthwiseConv2dNative": frozenset({"BiasAdd", "FusedBatchNorm", "FusedBatchNormV3"}),
+    "MatMul": frozenset({"BiasAdd"}),
+    "BatchMatMulV2": frozenset({"Mul", "AddV2", "Add"}),
+    "Pad": frozenset({"Conv2D", "Conv3D"}),
+    "Squeeze": frozenset({"BiasAdd"}),
+    "BiasAdd": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid", "Add",
+                          "AddV2", "Mul"}),
+    "FusedBatchNorm": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Add", "AddV2"}),
+    "FusedBatchNormV3": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Add", "AddV2"}),
+    "Add": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
+    "AddV2": frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"}),
+}
+
+
+def fused_pairs(index: GraphIndex) -> list[tuple[int, int]]:
+    """Pairs of ops TF may run as one kernel: a bias gradient and a weight gradient that
+    read the same tensor, and a producer and its reader in one of the CHAINS patterns."""
+    ops, data_inputs = index.ops, index.data_inputs
+    pairs: list[tuple[int, int]] = []
+    readers_of: dict[tuple[int, int], list[int]] | None = None
+    for b in range(len(ops)):
+        op = ops[b]
+        if op in BIAS_GRADIENTS and data_inputs[b]:
+            if readers_of is None:
+                readers_of = _weight_gradient_readers(index)
+            pairs.extend((f, b) for f in readers_of.get(_through_identities(
+                index, data_inputs[b][0]), ()))
+        for s, k in data_inputs[b]:
+            # TF merges a producer into its reader only when nothing else reads it
+            if k == 0 and op in CHAINS.get(ops[s], ()) and _one_reader(index, s):
+                pairs.append((s, b))
+    return pairs
+
+
+def _one_reader(index: GraphIndex, s: int) -> bool:
+    return len(index.consumers.get((s, 0), ())) == 1
+
+
+def _weight_gradient_readers(index: GraphIndex) -> dict[tuple[int, int], list[int]]:
+    """tensor -> the FILTER_GRADIENTS ops reading it (one pass over the graph)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    ops = index.ops
+    for f, inputs in enumerate(index.data_inputs):
+        if ops[f] not in FILTER_GRADIENTS:
+            continue
+        for t in inputs:
+            out.setdefault(_through_identities(index, t), []).append(f)
+    return out
+
+
+def _through_identities(index: GraphIndex, t: tuple[int, int]) -> tuple[int, int]:
+    """The tensor under a chain of Identity ops (TF1's `tuple/control_dependency` wraps
+    each gradient in one; Grappler removes them before merging ops)."""
+    ops, data_inputs = index.ops, index.data_inputs
+    for _ in range(MAX_IDENTITIES):
+        s = t[0]
+        if ops[s] != "Identity" or not data_inputs[s]:
+            break
+        t = data_inputs[s][0]
+    return t
