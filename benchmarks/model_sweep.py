@@ -9,14 +9,16 @@ Usage::
 For each model (built in a fresh process by `benchmarks/model_sweep_models.py`, in a temporary
 directory): `graphmem inspect`, then `graphmem rewrite` with `--policy memory`,
 `--policy speed`, `--swap` and `--policy budget --budget 0.6`, and `graphmem verify --exact`
-of each rewrite against the original at `--threads 1` and `--threads 2`. Printed per
-variant: exit codes, whether training was bit-identical at both thread settings, the
+of each rewrite against the original at `--threads 1` and `--threads 2`, then `graphmem
+verify` once with Grappler on, as training runs. Printed per variant: exit codes, whether
+training was bit-identical at both thread settings (and the same with Grappler on), the
 estimated peak after / before, the measured peak rewritten / original at 1 | 2 threads, and
 the first error line (or `TRACEBACK` when a command printed one). Then synthetic ~100k-node
 graphs (inspect and rewrite only, timed) and bad inputs, each of which must exit 2 with one
 `graphmem: error:` line on stderr and leave no output behind.
 
-This is a script, not a test: flags in the last column (`TRACEBACK`, `DIFFERS`, `GROWS`
+This is a script, not a test: flags in the last column (`TRACEBACK`, `DIFFERS`,
+`DIFFERS WITH GRAPPLER`, `GROWS`
 when the measured peak grew by more than 10% at both thread settings, `BAD-ERROR` for a bad
 input handled wrongly) are what to look at. About 15-25 minutes for everything on 2 busy
 cores; `--jobs 2` runs two models at a time.
@@ -114,6 +116,9 @@ def _json(out: str) -> dict | None:
         return None
 
 
+ROUNDING = "1e-4"  # the Grappler-on check's tolerances: above rounding, below a lost update
+
+
 def sweep_model(name: str, workdir: Path, steps: int, do_verify: bool,
                 log) -> list[Row]:
     suffix, batch = MODELS[name]
@@ -184,6 +189,20 @@ def sweep_model(name: str, workdir: Path, steps: int, do_verify: bool,
                 row.error = row.error or (
                     f"loss diff {vdoc['max_loss_diff']:.2g}, var diff "
                     f"{vdoc['max_variable_diff']:.2g} ({vdoc['worst_variable']})")
+        # and once as training runs, Grappler on: TF merges ops then, and a merge can undo
+        # an order the rewrite relies on (passes/fusion_guard.py); within verify's
+        # tolerances widened to float rounding's (Grappler may fuse the two graphs
+        # differently); a skipped update differs by far more
+        code, out, err, sec = run(graphmem() + [
+            "verify", str(src), str(out_path), "--steps", str(steps), "--rtol", ROUNDING,
+            "--atol", ROUNDING, "--json"] + b)
+        row.seconds += sec
+        codes.append(str(code))
+        vdoc = _json(out) if code in (0, 1) else None
+        sames.append("?" if vdoc is None else "yes" if vdoc["same_training"] else "NO")
+        if vdoc is not None and not vdoc["same_training"]:
+            row.flags.append("DIFFERS WITH GRAPPLER")
+            row.error = row.error or f"Grappler on: {'; '.join(vdoc['mismatches'][:2])}"
         row.exit += "/" + ",".join(codes)
         row.same = "|".join(sames)
         row.meas_x = "|".join("-" if x is None else f"{x:.2f}" for x in ratios)

@@ -20,9 +20,10 @@ merge only makes the check stricter. Cost: one pass over the nodes and their inp
 
 from __future__ import annotations
 
+from graphmem.analysis.broadcast_grads import folded_readers, folded_shape_ops
 from graphmem.graph.index import GraphIndex
 
-MAX_IDENTITIES = 8  # Identity ops looked through above a gradient
+MAX_IDENTITIES = 16  # removed ops looked through above a gradient
 BIAS_GRADIENTS = frozenset({"BiasAddGrad", "BiasAddGradV1"})
 # ops whose result is a weight gradient that TF computes together with the bias gradient
 # of the same incoming gradient (oneDNN's filter gradient with bias). A dense layer's
@@ -50,19 +51,22 @@ CHAINS: dict[str, frozenset[str]] = {
 }
 
 
-def fused_pairs(index: GraphIndex) -> list[tuple[int, int]]:
+def fused_pairs(index: GraphIndex, batch_size: int | None = None) -> list[tuple[int, int]]:
     """Pairs of ops TF may run as one kernel: a bias gradient and a weight gradient that
-    read the same tensor, and a producer and its reader in one of the CHAINS patterns."""
+    read the same tensor once Grappler has simplified the graph, and a producer and its
+    reader in one of the CHAINS patterns."""
     ops, data_inputs = index.ops, index.data_inputs
     pairs: list[tuple[int, int]] = []
     readers_of: dict[tuple[int, int], list[int]] | None = None
+    through: set[int] = set()
     for b in range(len(ops)):
         op = ops[b]
         if op in BIAS_GRADIENTS and data_inputs[b]:
             if readers_of is None:
-                readers_of = _weight_gradient_readers(index)
-            pairs.extend((f, b) for f in readers_of.get(_through_identities(
-                index, data_inputs[b][0]), ()))
+                through = _forwarders(index, batch_size)
+                readers_of = _weight_gradient_readers(index, through)
+            pairs.extend((f, b) for f in readers_of.get(_underlying(
+                index, data_inputs[b][0], through), ()))
         for s, k in data_inputs[b]:
             # TF merges a producer into its reader only when nothing else reads it
             if k == 0 and op in CHAINS.get(ops[s], ()) and _one_reader(index, s):
@@ -74,7 +78,16 @@ def _one_reader(index: GraphIndex, s: int) -> bool:
     return len(index.consumers.get((s, 0), ())) == 1
 
 
-def _weight_gradient_readers(index: GraphIndex) -> dict[tuple[int, int], list[int]]:
+def _forwarders(index: GraphIndex, batch_size: int | None) -> set[int]:
+    """Ops Grappler turns into an Identity of their first input and then removes: the
+    reductions and reshapes of a broadcasting op's gradient when nothing broadcasts (a
+    residual add's gradient reaches both branches through them)."""
+    nodes = set(range(len(index)))
+    return folded_readers(index, nodes, folded_shape_ops(index, nodes, batch_size))
+
+
+def _weight_gradient_readers(index: GraphIndex, through: set[int]
+                             ) -> dict[tuple[int, int], list[int]]:
     """tensor -> the FILTER_GRADIENTS ops reading it (one pass over the graph)."""
     out: dict[tuple[int, int], list[int]] = {}
     ops = index.ops
@@ -82,17 +95,19 @@ def _weight_gradient_readers(index: GraphIndex) -> dict[tuple[int, int], list[in
         if ops[f] not in FILTER_GRADIENTS:
             continue
         for t in inputs:
-            out.setdefault(_through_identities(index, t), []).append(f)
+            out.setdefault(_underlying(index, t, through), []).append(f)
     return out
 
 
-def _through_identities(index: GraphIndex, t: tuple[int, int]) -> tuple[int, int]:
+def _underlying(index: GraphIndex, t: tuple[int, int], through: set[int]
+                ) -> tuple[int, int]:
     """The tensor under a chain of Identity ops (TF1's `tuple/control_dependency` wraps
-    each gradient in one; Grappler removes them before merging ops)."""
+    each gradient in one) and of `through` ops (`_forwarders`): Grappler removes both
+    before TF merges ops."""
     ops, data_inputs = index.ops, index.data_inputs
     for _ in range(MAX_IDENTITIES):
         s = t[0]
-        if ops[s] != "Identity" or not data_inputs[s]:
+        if not data_inputs[s] or (ops[s] != "Identity" and s not in through):
             break
         t = data_inputs[s][0]
     return t

@@ -38,15 +38,15 @@ class FusionGuardPlan(PassPlan):
         return self.edges_removed > 0
 
 
-def apply_fusion_guard(index: GraphIndex, original: GraphIndex,
-                       original_regions: Regions) -> FusionGuardPlan:
+def apply_fusion_guard(index: GraphIndex, original: GraphIndex, original_regions: Regions,
+                       batch_size: int | None = None) -> FusionGuardPlan:
     """Remove the ordering edges that close a cycle through merged ops from
     index.graph_def and from the index. `original`:
     the index of the graph before the passes (theirs append nodes, so its ids hold)."""
     plan = FusionGuardPlan()
     removed: set[tuple[int, int]] = set()
     position = index.position
-    for x, y in fused_pairs(index):
+    for x, y in fused_pairs(index, batch_size):
         a, b = (x, y) if position[x] < position[y] else (y, x)
         cut = _edges_between(index, a, b, original, original_regions, removed)
         if cut is None:
@@ -145,4 +145,4 @@ class FusionGuardPass(Pass):
 
     def run(self, context: PassContext) -> FusionGuardPlan:
         return apply_fusion_guard(context.index, context.given_index,
-                                  context.original_regions)
+                                  context.original_regions, context.options.batch_size)
