@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from graphmem.api import ROUNDING  # noqa: E402 (above it, a difference is not rounding)
+
 # name -> (file suffix, batch size)
 MODELS: dict[str, tuple[str, int]] = {
     "tf1_vgg_bn": (".meta", 8),
@@ -114,9 +116,6 @@ def _json(out: str) -> dict | None:
         return json.loads(out)
     except ValueError:
         return None
-
-
-ROUNDING = "1e-4"  # the Grappler-on check's tolerances: above rounding, below a lost update
 
 
 def sweep_model(name: str, workdir: Path, steps: int, do_verify: bool,
@@ -194,8 +193,8 @@ def sweep_model(name: str, workdir: Path, steps: int, do_verify: bool,
         # tolerances widened to float rounding's (Grappler may fuse the two graphs
         # differently); a skipped update differs by far more
         code, out, err, sec = run(graphmem() + [
-            "verify", str(src), str(out_path), "--steps", str(steps), "--rtol", ROUNDING,
-            "--atol", ROUNDING, "--json"] + b)
+            "verify", str(src), str(out_path), "--steps", str(steps), "--rtol", str(ROUNDING),
+            "--atol", str(ROUNDING), "--json"] + b)
         row.seconds += sec
         codes.append(str(code))
         vdoc = _json(out) if code in (0, 1) else None

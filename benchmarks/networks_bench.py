@@ -54,6 +54,7 @@ PEERS = ROOT.parent / "shared" / "peers"
 MIB = 2 ** 20
 
 from benchmarks.slim_models_bench import _graphmem  # noqa: E402 (after the path setup)
+from graphmem.api import ROUNDING  # noqa: E402 (above it, a difference is not rounding)
 
 # name -> canonical input side
 SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
@@ -196,7 +197,8 @@ def _same_training(src: Path, out: Path, batch: int, threads: list[int]) -> str:
         if not doc["same_training"]:
             return f"NO ({t} threads)"
     code, _, err = _graphmem("verify", str(src), str(out), "--batch-size", str(batch),
-                             "--steps", "3", "--rtol", "1e-4", "--atol", "1e-4")
+                             "--steps", "3", "--rtol", str(ROUNDING), "--atol",
+                             str(ROUNDING))
     return "same" if code == 0 else f"NO (Grappler on: {err})"
 
 

@@ -12,10 +12,10 @@ it: the executor silently skipped the ~600 ops on or after the cycle, and traini
 updating most variables (with Grappler off, as `verify --exact` runs, nothing was merged
 and the same graph trained bit for bit).
 
-So the rewrite is checked on the graph with each such group contracted to one node
-(passes/fusion_guard.py). The groups here are a superset of what TF merges (it checks
-more conditions: device, dtype, data format, one reader): contracting a group TF does not
-merge only makes the check stricter. Cost: one pass over the nodes and their inputs.
+So the rewrite is checked for paths between the two ops of every such pair
+(passes/fusion_guard.py). The pairs here are a superset of what TF merges (it checks more
+conditions: device, dtype, data format): checking a pair TF does not merge only makes the
+check stricter. Cost: one pass over the nodes and their inputs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from __future__ import annotations
 from graphmem.analysis.broadcast_grads import folded_readers, folded_shape_ops
 from graphmem.graph.index import GraphIndex
 
-MAX_IDENTITIES = 16  # removed ops looked through above a gradient
+# ops looked through above a gradient: TF1's `tuple/control_dependency` Identity, and what
+# Grappler removes before TF merges ops (`_forwarders`)
+MAX_IDENTITIES = 16
 BIAS_GRADIENTS = frozenset({"BiasAddGrad", "BiasAddGradV1"})
 # ops whose result is a weight gradient that TF computes together with the bias gradient
 # of the same incoming gradient (oneDNN's filter gradient with bias). A dense layer's
@@ -65,8 +67,8 @@ def fused_pairs(index: GraphIndex, batch_size: int | None = None) -> list[tuple[
             if readers_of is None:
                 through = _forwarders(index, batch_size)
                 readers_of = _weight_gradient_readers(index, through)
-            pairs.extend((f, b) for f in readers_of.get(_underlying(
-                index, data_inputs[b][0], through), ()))
+            pairs.extend((f, b) for f in readers_of.get(index.under_identities(
+                data_inputs[b][0], through, MAX_IDENTITIES), ()))
         for s, k in data_inputs[b]:
             # TF merges a producer into its reader only when nothing else reads it
             if k == 0 and op in CHAINS.get(ops[s], ()) and _one_reader(index, s):
@@ -95,19 +97,5 @@ def _weight_gradient_readers(index: GraphIndex, through: set[int]
         if ops[f] not in FILTER_GRADIENTS:
             continue
         for t in inputs:
-            out.setdefault(_underlying(index, t, through), []).append(f)
+            out.setdefault(index.under_identities(t, through, MAX_IDENTITIES), []).append(f)
     return out
-
-
-def _underlying(index: GraphIndex, t: tuple[int, int], through: set[int]
-                ) -> tuple[int, int]:
-    """The tensor under a chain of Identity ops (TF1's `tuple/control_dependency` wraps
-    each gradient in one) and of `through` ops (`_forwarders`): Grappler removes both
-    before TF merges ops."""
-    ops, data_inputs = index.ops, index.data_inputs
-    for _ in range(MAX_IDENTITIES):
-        s = t[0]
-        if not data_inputs[s] or (ops[s] != "Identity" and s not in through):
-            break
-        t = data_inputs[s][0]
-    return t

@@ -516,18 +516,10 @@ class _Bodies:
             return None
         ix = GraphIndex.build(view.graph_def, self.registry)
         args = {ix.node(i).attr["index"].i: i for i in range(len(ix)) if ix.ops[i] == ARG_OP}
-        rets: list[Tensor | None] = [_through_identity(ix, ix.data_inputs[i][0])
+        rets: list[Tensor | None] = [ix.under_identities(ix.data_inputs[i][0])
                                      if ix.data_inputs[i] else None
                                      for i in range(len(ix)) if ix.ops[i] == RETVAL_OP]
         return _Body(ix, rets, args)
-
-
-def _through_identity(ix: GraphIndex, t: Tensor) -> Tensor:
-    for _ in range(8):
-        if ix.ops[t[0]] != "Identity" or not ix.data_inputs[t[0]]:
-            break
-        t = ix.data_inputs[t[0]][0]
-    return t
 
 
 def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,

@@ -8,6 +8,7 @@ control edges, consumers, a topological order, control-flow frames and per-node 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
@@ -575,11 +576,18 @@ class GraphIndex:
     def through_identity(self, i: int, limit: int = 8) -> int:
         """The op behind a chain of Identity ops ending at op i (TF's gradient tuples and
         loop bodies wrap values in them)."""
+        return self.under_identities((i, 0), limit=limit)[0]
+
+    def under_identities(self, t: Tensor, also: AbstractSet[int] = frozenset(),
+                         limit: int = 8) -> Tensor:
+        """The tensor under a chain of Identity ops (and of the ops in `also`, which hand
+        on their first input) that ends at tensor t."""
         for _ in range(limit):
-            if self.ops[i] != "Identity" or not self.data_inputs[i]:
+            s = t[0]
+            if not self.data_inputs[s] or (self.ops[s] != "Identity" and s not in also):
                 break
-            i = self.data_inputs[i][0][0]
-        return i
+            t = self.data_inputs[s][0]
+        return t
 
     def may_be_dead(self, i: int) -> bool:
         """Whether op i can produce a dead tensor: it runs in a control-flow v1 branch (a
