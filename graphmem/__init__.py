@@ -63,6 +63,13 @@ class _Command:
     def __wrapped__(self):  # inspect.signature and help() show the API function's
         return self._api()
 
+    @property
+    def __dict__(self) -> dict[str, Any]:  # type: ignore[override]
+        # the driver module's: tools that read an object's own attributes there (pytest's
+        # monkeypatch, from 9.2, to restore them) see the module's, not an empty proxy's
+        # (undoing a patch would otherwise delete the module's attribute)
+        return self._module().__dict__
+
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._module(), attr)
 

@@ -303,6 +303,24 @@ def test_rewrite_and_plan_are_functions_and_still_their_modules():
     assert callable(graphmem.inspect) and callable(graphmem.verify)
 
 
+def test_patching_the_driver_module_through_the_command_is_undone_cleanly():
+    """Monkeypatching `graphmem.rewrite.X` (as tests and users do) and undoing it leaves the
+    driver module's attribute as it was: pytest 9.2 restores from the object's `__dict__`,
+    and read from an empty proxy that undo deleted the module's attribute."""
+    import sys
+
+    import graphmem.rewrite as rw
+
+    module = sys.modules["graphmem.rewrite"]
+    before = module.MEMORY_SEARCH_NODES
+    patch = pytest.MonkeyPatch()
+    patch.setattr(rw, "MEMORY_SEARCH_NODES", 0)
+    assert module.MEMORY_SEARCH_NODES == 0
+    patch.undo()
+    assert module.MEMORY_SEARCH_NODES == before
+    assert vars(rw) is vars(module)
+
+
 @pytest.mark.tf
 def test_verify_in_memory_models():
     meta = _graph_def_from(MLP)
