@@ -299,3 +299,31 @@ def test_memory_policy_tries_its_plans_without_leads(name, monkeypatch):
         assert "its own gradient ops" in choice.note
     if name == "resnet":
         assert not choice.lead and peak < 0.95 * led_peak
+
+
+def test_memory_policy_recomputes_at_most_its_share_of_the_forward_pass(monkeypatch):
+    """The memory policy leaves out plans that recompute more than MEMORY_MAX_RECOMPUTE of
+    the forward FLOPs (their step is slower than users accept for the last few percent of
+    memory): on the ResNet the lowest plan recomputes the whole forward pass; the written
+    plan stays under the cap, says why it is not the lowest, and without the cap the policy
+    writes the lower, costlier one."""
+    import graphmem.rewrite as rw
+    from graphmem.analysis.cost import forward_flops
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    def written():
+        ws = Workspace.open(load_model(fixture_path("resnet")), batch_size=32)
+        forward = forward_flops(ws.index, analyze_regions(ws.index, [], 32), 32)
+        res = rw.rewrite_workspace(ws, RewriteOptions("memory", [], 32, keep_worse=True))
+        return res, rw.copied_flops(ws.index, 32), forward
+
+    capped, flops, forward = written()
+    assert flops <= budget_mod.MEMORY_MAX_RECOMPUTE * forward
+    assert "left out" in capped.choice.note
+    monkeypatch.setattr(budget_mod, "MEMORY_MAX_RECOMPUTE", 100.0)
+    free, free_flops, _ = written()
+    assert "left out" not in free.choice.note
+    assert free_flops > flops
+    assert free.after.peak_bytes < capped.after.peak_bytes

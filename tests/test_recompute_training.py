@@ -232,9 +232,13 @@ def test_late_copies_train_identically(name, tmp_path, monkeypatch):
     src, out, _ = _rewrite(name, tmp_path, "speed" if name == "resnet" else "names",
                                 [PATTERN[name]] if name == "mlp" else [])
     index = Workspace.open(load_model(out)).index
-    copies = [i for i, n in enumerate(index.names) if "/late" in n and
-              n.startswith(COPY_SCOPE + "/")]
+    copies = [i for i, n in enumerate(index.names) if n.startswith(COPY_SCOPE + "/") and
+              "_late" in n.split("/")[1]]
     assert copies
+    from graphmem.graph.names import original_name
+
+    # a late copy's name leads back to its original, as every copy's does
+    assert all(original_name(index.names[c]) in index.id_of for c in copies)
     regions = analyze_regions(index)
     for c in copies:
         # held back: a backward op is among its ancestors

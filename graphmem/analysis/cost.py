@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import prod
 
-from graphmem.graph.index import GraphIndex, num_elements
+from graphmem.graph.index import CONTROL_FLOW_V2, GraphIndex, num_elements
 from graphmem.graph.names import COPY_SCOPE
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
@@ -38,6 +38,19 @@ def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
             per_output = prod(f[:-2]) * (1 if op == "DepthwiseConv2dNative" else f[-2])
             return 2 * out * per_output
     return max(out, 1)
+
+
+# ops whose cost is a function body's or a loop's, run a number of times no shape tells:
+# op_flops counts their outputs alone
+_OPAQUE = CONTROL_FLOW_V2 | {"PartitionedCall", "StatefulPartitionedCall", "Enter"}
+
+
+def forward_flops(index: GraphIndex, regions, batch_size: int | None) -> int | None:
+    """FLOPs of the step's forward pass (what one full recomputation would cost again);
+    None when it holds loops or function calls, whose cost op_flops cannot count."""
+    if any(index.ops[i] in _OPAQUE for i in regions.forward):
+        return None
+    return sum(op_flops(index, i, batch_size) for i in regions.forward)
 
 
 def copied_flops(index: GraphIndex, batch_size: int | None) -> int:

@@ -558,6 +558,12 @@ BISECT_PROBES = 8
 # within this share of that peak is as good (the estimate's own error is larger), and the one
 # of them with the least recompute is written: never a plan another one beats on both.
 MEMORY_TOLERANCE = 0.03
+# The memory policy recomputes at most this share of the forward pass's FLOPs (when any
+# plan tried does, and the forward pass holds no loop or function call to miscount): each recomputed FLOP costs about 0.4-0.45 of its share in step time on
+# CNNs (tf-slim ResNet-50 v1 at 224 px, measured at 1 and 2 inter-op threads: a plan
+# recomputing the whole forward pass 1.40x, one recomputing 54% of it 1.26x), so this
+# keeps the step within about 1.35x. `graphmem plan` shows the lower plans; `--budget` writes them.
+MEMORY_MAX_RECOMPUTE = 0.8
 # Budget-model plans the memory policy tries above the model's lowest peak (as shares of
 # it): cheaper plans that may peak about as low once applied and estimated.
 MEMORY_PROBES = (1.1, 1.25)
@@ -665,14 +671,17 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
         attempt((max(fit) + min(over)) // 2)
     # the memory policy's candidates (its heuristic's plans, and the model's lowest ones,
     # when it searches) and the speed policy's
-    runs.extend(memory_candidates(index, regions, facts, batch_size, base_peak, runner,
-                                  search_model))
+    memory_runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner,
+                                    search_model)
+    runs.extend(memory_runs)
     candidate("speed", choose_checkpoints("speed", index, regions, facts, batch_size))
-    # the lowest plan with late copies, as the memory policy tries it: a budget at the
-    # memory policy's peak can be met
+    # the lowest plan with late copies, and the memory policy's own pick, as it makes it: a
+    # budget at the memory policy's peak can be met at no more recompute
     late = _with_late_copies(min(runs, key=lambda r: r.after.peak_bytes), runner)
     if late is not None:
         runs.append(late)
+    _, tried, _ = _memory_pick(index, regions, batch_size, memory_runs, runner)
+    runs.extend(r for r in tried if r not in runs)
     fitting = [r for r in runs if r.after.peak_bytes <= budget]
     best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
         min(runs, key=lambda r: r.after.peak_bytes)
@@ -691,22 +700,14 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
 
 def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
                   base_peak: int | None, runner: PlanRunner) -> BudgetCandidate:
-    """The memory policy: the plan with the lowest estimated peak among memory_candidates;
-    among the plans within MEMORY_TOLERANCE of it, the one with the least recompute (so no
-    plan tried beats it on both). Leaves it applied."""
+    """The memory policy: the plan with the lowest estimated peak among memory_candidates
+    that recompute at most MEMORY_MAX_RECOMPUTE of the forward FLOPs (all of them when none
+    does: the cheapest); among the plans within MEMORY_TOLERANCE of it, the one with the
+    least recompute (so no plan tried beats it on both). Leaves it applied."""
     from graphmem.units import format_bytes
 
     runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner, True)
-    lowest = min(r.after.peak_bytes for r in runs)
-    # least recompute first, then a plan whose segments lead (faster with several inter-op
-    # threads), then the lower peak
-    best = min((r for r in runs if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
-               key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
-    late = _with_late_copies(best, runner)
-    if late is not None:
-        runs.append(late)
-        if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE):
-            best = late
+    best, runs, capped = _memory_pick(index, regions, batch_size, runs, runner)
     best.applied = runner.apply(best.choice)
     how = {"memory": "the bottleneck heuristic's plan",
            "memory_top": "the bottleneck heuristic's plan with its top segment kept",
@@ -718,8 +719,39 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
             f"of {len(runs)} plans tried, with the least recompute within "
             f"{MEMORY_TOLERANCE:.0%} of it")
+    if capped:
+        note += (f"; plans recomputing more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
+                 "pass's FLOPs left out (a lower peak at a slower step: `graphmem plan` "
+                 "shows it, --budget writes it)")
     best.choice = replace(best.choice, policy="memory", note=note)
     return best
+
+
+def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
+                 runs: list[BudgetCandidate], runner: PlanRunner
+                 ) -> tuple[BudgetCandidate, list[BudgetCandidate], bool]:
+    """The memory policy's choice among its candidate `runs` (see search_memory), the runs
+    with its late-copies variant added when it has one, and whether the recompute cap left
+    out a plan that peaks lower."""
+    from graphmem.analysis.cost import forward_flops
+
+    forward = forward_flops(index, regions, batch_size)
+    cap = math.inf if forward is None else MEMORY_MAX_RECOMPUTE * forward
+    affordable = [r for r in runs if r.extra_flops <= cap] or \
+        [min(runs, key=lambda r: r.extra_flops)]
+    lowest = min(r.after.peak_bytes for r in affordable)
+    capped = min(r.after.peak_bytes for r in runs) < lowest
+    # least recompute first, then a plan whose segments lead (faster with several inter-op
+    # threads), then the lower peak
+    best = min((r for r in affordable if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
+               key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
+    late = _with_late_copies(best, runner)
+    if late is not None:
+        runs = [*runs, late]
+        if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
+                late.extra_flops <= cap:
+            best = late
+    return best, runs, capped
 
 
 def _try(runner: PlanRunner, policy: str, choice: CheckpointChoice,

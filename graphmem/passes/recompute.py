@@ -127,7 +127,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                 # a second copy of the targets' chain, for their own readers only: the
                 # first one is freed once the rest of the segment is recomputed from it
                 n_late += 1
-                late_name = {i: f"{scope}/late{n_late}/{index.names[i]}" for i in chain}
+                late_name = {i: f"{scope}_late{n_late}/{index.names[i]}" for i in chain}
                 readers = _rewire(index, late_targets, late_name, rewires)
                 groups.append(_Group(
                     seg, late_targets, chain, late_name, readers,
