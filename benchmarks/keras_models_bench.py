@@ -30,6 +30,10 @@ APPLICATIONS = {"ResNet50": 32, "DenseNet121": 32, "InceptionV3": 75, "Xception"
                 "MobileNetV3Small": 64, "EfficientNetB0": 64}
 TEXT = ("lstm2", "gru_bi", "conv1d")
 STEPS, VOCAB, WIDTH = 32, 500, 64
+# decoder-only language models (layers, width, heads, vocabulary), trained on next-token
+# prediction; `size` is their sequence length. transformer_lm: the base transformer of
+# Vaswani et al. (2017) as a causal LM, pre-layer-norm as GPT-2
+LMS = {"transformer_lm": (6, 512, 8, 8192)}
 
 
 def _application(name: str, size: int):
@@ -63,6 +67,33 @@ def _text(kind: str):
     return keras.Model(inp, keras.layers.Dense(10)(h)), [None, STEPS], "int32"
 
 
+def _language_model(name: str, seq: int):
+    import keras
+
+    depth, width, heads, vocab = LMS[name]
+
+    class PositionEmbedding(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.table = keras.layers.Embedding(seq, width)
+
+        def call(self, h):
+            return h + self.table(keras.ops.arange(keras.ops.shape(h)[1]))
+
+    inp = keras.Input((seq,), dtype="int32")
+    h = PositionEmbedding()(keras.layers.Embedding(vocab, width)(inp))
+    for n in range(depth):
+        a = keras.layers.LayerNormalization()(h)
+        a = keras.layers.MultiHeadAttention(heads, width // heads)(a, a, use_causal_mask=True)
+        h = keras.layers.Add()([h, keras.layers.Dropout(0.1, seed=2 * n)(a)])
+        f = keras.layers.LayerNormalization()(h)
+        f = keras.layers.Dense(4 * width, activation="gelu")(f)
+        f = keras.layers.Dense(width)(f)
+        h = keras.layers.Add()([h, keras.layers.Dropout(0.1, seed=2 * n + 1)(f)])
+    logits = keras.layers.Dense(vocab)(keras.layers.LayerNormalization()(h))
+    return keras.Model(inp, logits), [None, seq], "int32"
+
+
 def build(name: str, path: Path, size: int | None = None) -> None:
     """Save `name` as a TF2 train-step SavedModel at `path`; an application at `size` px
     (its canonical size in benchmarks/networks_bench.py) instead of this benchmark's."""
@@ -72,8 +103,12 @@ def build(name: str, path: Path, size: int | None = None) -> None:
 
     tf = tf_loader.tensorflow("to build the benchmark models")
     keras.utils.set_random_seed(0)
-    model, shape, dtype = _text(name) if name in TEXT else _application(
-        name, size or APPLICATIONS[name])
+    if name in LMS:
+        model, shape, dtype = _language_model(name, size or STEPS)
+    else:
+        model, shape, dtype = _text(name) if name in TEXT else _application(
+            name, size or APPLICATIONS[name])
+    text = name in TEXT or name in LMS
     seeds = [layer.seed_generator.state for layer in model._flatten_layers()
              if getattr(layer, "seed_generator", None) is not None]
 
@@ -81,7 +116,7 @@ def build(name: str, path: Path, size: int | None = None) -> None:
         def __init__(self):
             super().__init__()
             self.model, self.seeds = model, seeds  # seed states are variables to save
-            self.opt = keras.optimizers.Adam(1e-3) if name in TEXT else \
+            self.opt = keras.optimizers.Adam(1e-3) if text else \
                 keras.optimizers.SGD(0.01, momentum=0.9)
 
         @tf.function(input_signature=[tf.TensorSpec(shape, dtype),
@@ -89,9 +124,11 @@ def build(name: str, path: Path, size: int | None = None) -> None:
         def train_step(self, x, y):
             with tf.GradientTape() as tape:
                 logits = self.model(x, training=True)
+                if name in LMS:  # each position predicts the next token of x
+                    y, logits = x[:, 1:], logits[:, :-1]
                 loss = tf.reduce_mean(
                     tf.keras.losses.sparse_categorical_crossentropy(
-                        y, logits, from_logits=name in TEXT))  # applications end in softmax
+                        y, logits, from_logits=text))  # applications end in softmax
             grads = tape.gradient(loss, self.model.trainable_variables)
             self.opt.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
             return loss

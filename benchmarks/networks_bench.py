@@ -11,7 +11,10 @@ Usage::
 
 The networks come from tf-slim (`pip install tf-slim tf-keras`; not graphmem dependencies)
 or, named `keras_<Application>`, from Keras applications (saved as TF2 train-step
-SavedModels by benchmarks/keras_models_bench.py, SGD with momentum, at 224 or 299 px), and
+SavedModels by benchmarks/keras_models_bench.py, SGD with momentum, at 224 or 299 px);
+`keras_transformer_lm` is the base transformer (6 layers, width 512, 8 heads, vocabulary
+8192) as a causal language model at sequence length 256, Adam (run it with `--batch 16`);
+and
 the slim ones are built as slim's own training scripts build them (benchmarks/slim_models_bench.py:
 weight decay, batch norm with its moving averages in `UPDATE_OPS`, Momentum, auxiliary heads),
 at the input size each network was designed for (224, or 299 for Inception v3). Variants:
@@ -61,7 +64,7 @@ SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
          "vgg_16": 224, "alexnet_v2": 224, "unet": 256,
          "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
-         "keras_DenseNet121": 224}
+         "keras_DenseNet121": 224, "keras_transformer_lm": 256}  # an LM's: its sequence
 KERAS = "keras_"  # Keras applications, saved as TF2 train-step SavedModels
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
 
