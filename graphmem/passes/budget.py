@@ -558,11 +558,13 @@ BISECT_PROBES = 8
 # within this share of that peak is as good (the estimate's own error is larger), and the one
 # of them with the least recompute is written: never a plan another one beats on both.
 MEMORY_TOLERANCE = 0.03
-# The memory policy recomputes at most this share of the forward pass's FLOPs (when any
-# plan tried does, and the forward pass holds no loop or function call to miscount): each recomputed FLOP costs about 0.4-0.45 of its share in step time on
-# CNNs (tf-slim ResNet-50 v1 at 224 px, measured at 1 and 2 inter-op threads: a plan
-# recomputing the whole forward pass 1.40x, one recomputing 54% of it 1.26x), so this
-# keeps the step within about 1.35x. `graphmem plan` shows the lower plans; `--budget` writes them.
+# The memory policy recomputes at most this share of the forward pass's FLOPs when any plan
+# tried does (and the forward pass holds no loop or function call, whose FLOPs op_flops
+# cannot count): step time grows with recompute (tf-slim ResNet-50 v1 at 224 px, batch 32,
+# at 1 | 2 inter-op threads: the plan recomputing the whole forward pass measured 1.26 |
+# 1.66x, one recomputing 54% of it 1.22 | 1.20x; docs/benchmarks.md), and the last few
+# percent of memory are not worth that. `graphmem plan` shows the lower plans; `--budget`
+# writes them.
 MEMORY_MAX_RECOMPUTE = 0.8
 # Budget-model plans the memory policy tries above the model's lowest peak (as shares of
 # it): cheaper plans that may peak about as low once applied and estimated.
