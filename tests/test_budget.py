@@ -327,3 +327,19 @@ def test_memory_policy_recomputes_at_most_its_share_of_the_forward_pass(monkeypa
     assert "left out" not in free.choice.note
     assert free_flops > flops
     assert free.after.peak_bytes < capped.after.peak_bytes
+
+
+@pytest.mark.parametrize("name, counted", [("mlp", True), ("lstm_v1", False),
+                                           ("lstm_v2", False)])
+def test_forward_flops_are_unknown_where_loops_run(name, counted):
+    """A loop's cost is its body's times a trip count no shape gives, and op_flops counts a
+    loop op's outputs alone: with loops (v1 frames or v2 While) in the forward pass there is
+    no forward FLOP count, and the memory policy's recompute cap does not apply."""
+    from graphmem.analysis.cost import forward_flops
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    ws = Workspace.open(load_model(fixture_path(name)), batch_size=32)
+    flops = forward_flops(ws.index, analyze_regions(ws.index, [], 32), 32)
+    assert (flops is not None and flops > 0) if counted else flops is None
