@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.cost import op_flops
+from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
@@ -548,7 +549,35 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
                 queue.append(s)
             else:
                 triggers.add(s)
+            if _tuple_identity(index, s):
+                for w in _tuple_siblings(index, s):
+                    if w not in seen and w in backward and w not in downstream and \
+                            not index.in_loop(w) and not index.may_be_dead(w) and \
+                            not (tower and tower_of(index, w) != tower):
+                        seen.add(w)
+                        triggers.add(w)
     return triggers
+
+
+def _tuple_siblings(index: GraphIndex, s: int) -> list[int]:
+    """The ops a TF1 gradient tuple's Identity `s` waits for besides its own input: the
+    weight gradient computed beside an input gradient (`Conv2D_grad/tuple` groups
+    Conv2DBackpropInput with Conv2DBackpropFilter, a dense layer's two MatMuls likewise).
+
+    Copies wait for them too. A weight gradient is the last reader of the gradient entering
+    its layer and of the layer's input (a checkpoint); recomputing the next segment while it
+    is still pending keeps both alive beside the new copies (tf-slim VGG-16 at 224 px: the
+    conv2_1 filter gradient's 196 MiB incoming gradient and 98 MiB input, live through the
+    recomputation of conv1). Bias gradients are left out: TF merges a filter gradient with
+    its bias gradient, and the filter gradient may read the copies (passes/fusion_guard.py).
+    """
+    out = []
+    own = index.data_inputs[s][0][0] if index.data_inputs[s] else None
+    for g in index.control_inputs[s]:
+        for w in (index.control_inputs[g] if index.ops[g] == "NoOp" else [g]):
+            if w != own and index.ops[w] not in BIAS_GRADIENTS:
+                out.append(w)
+    return out
 
 
 def _tuple_identity(index: GraphIndex, s: int) -> bool:
