@@ -13,6 +13,7 @@ import pytest
 
 from graphmem.analysis.kernel_fusions import fused_pairs
 from graphmem.formats import load_model
+from graphmem.graph.names import COPY_SCOPE
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.fusion_guard import _edges_between
 from graphmem.rewrite import RewriteOptions, rewrite_file
@@ -96,3 +97,43 @@ def test_no_pair_of_merged_ops_is_joined_by_our_edges(convnet, tmp_path):
         a, b = (x, y) if ix.position[x] < ix.position[y] else (y, x)
         assert _edges_between(ix, a, b, original, regions, set()) == set(), \
             (ix.names[a], ix.names[b])
+
+
+def test_copies_wait_for_the_weight_gradient_beside_their_trigger(convnet, tmp_path,
+                                                                  monkeypatch):
+    """TF1's gradient tuple groups a layer's input gradient with its weight gradient: a
+    segment held back by the input gradient is held back by the weight gradient too (the
+    last reader of the layer's input and incoming gradient, which would otherwise stay
+    alive through the recomputation), never by a bias gradient (TF merges it with the
+    filter gradient, which may read the copies)."""
+    out = tmp_path / "out.meta"
+    # the pooled tensors kept: the convolution after each reads a checkpoint, not a copy;
+    # each segment held back by its own readers' inputs (the gradient entering it)
+    import graphmem.rewrite as rw
+
+    choose = rw.choose_checkpoints
+
+    def own_triggers(*args, **kwargs):
+        choice = choose(*args, **kwargs)
+        choice.lead = False
+        return choice
+
+    monkeypatch.setattr(rw, "choose_checkpoints", own_triggers)
+    options = RewriteOptions("names", ["MaxPool"], BATCH)
+    options.keep_worse = True
+    result = rewrite_file(convnet, out, options)
+    ix = Workspace.open(load_model(str(out))).index
+    checked = 0
+    for segment in result.plan.segments:
+        ops = {t: ix.ops[ix.id_of[t]] for t in segment.triggers}
+        assert "BiasAddGrad" not in ops.values(), segment.triggers
+        for t, op in ops.items():
+            if op != "Conv2DBackpropInput":
+                continue
+            weights = f"{t.rsplit('/', 1)[0]}/Conv2DBackpropFilter"
+            if weights in ops:
+                checked += 1
+            else:  # only where the weight gradient reads copies: it runs after them
+                inputs = ix.node(ix.id_of[weights]).input
+                assert any(i.startswith(COPY_SCOPE + "/") for i in inputs), segment.triggers
+    assert checked
