@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import prod
 
-from graphmem.graph.index import CONTROL_FLOW_V2, GraphIndex, num_elements
+from graphmem.graph.index import FUNCTION_CALLS, GraphIndex, num_elements
 from graphmem.graph.names import COPY_SCOPE
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
@@ -42,7 +42,7 @@ def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
 
 # ops whose cost is a function body's or a loop's, run a number of times no shape tells:
 # op_flops counts their outputs alone
-_OPAQUE = CONTROL_FLOW_V2 | {"PartitionedCall", "StatefulPartitionedCall", "Enter"}
+_OPAQUE = FUNCTION_CALLS | {"Enter"}
 
 
 def forward_flops(index: GraphIndex, regions, batch_size: int | None) -> int | None:

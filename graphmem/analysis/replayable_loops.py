@@ -18,12 +18,11 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from graphmem.graph.function_view import functions_named
-from graphmem.graph.index import CONTROL_FLOW_V2, V2_LOOP_OPS, GraphIndex
+from graphmem.graph.index import FUNCTION_CALLS, V2_LOOP_OPS, GraphIndex
 
 # stateful in the op registry, but only read state (or call functions judged on their own)
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
                     "VarIsInitializedOp"})
-_CALLS = CONTROL_FLOW_V2 | {"PartitionedCall", "StatefulPartitionedCall"}
 
 
 def replayable_loops(index: GraphIndex, library: dict[str, Message]) -> set[int]:
@@ -51,7 +50,7 @@ def _impure_functions(index: GraphIndex, library: dict[str, Message]) -> set[str
             for callee in functions_named(node) | ({node.op} if node.op in library else set()):
                 callers.setdefault(callee, []).append(name)
                 bad = bad or callee not in library  # nothing known about it
-            if node.op in library or node.op in _CALLS or node.op in _READS:
+            if node.op in library or node.op in FUNCTION_CALLS or node.op in _READS:
                 continue
             if index.registry.is_stateful(node.op):
                 bad = True

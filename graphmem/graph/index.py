@@ -30,6 +30,8 @@ CONTROL_FLOW_V1 = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "Merge", "R
                              "LoopCond"})
 V2_LOOP_OPS = frozenset({"While", "StatelessWhile"})
 CONTROL_FLOW_V2 = V2_LOOP_OPS | {"If", "StatelessIf", "Case", "StatelessCase"}
+# ops that run a function of the library (besides ops named after one)
+FUNCTION_CALLS = CONTROL_FLOW_V2 | {"PartitionedCall", "StatefulPartitionedCall"}
 VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "TemporaryVariable",
                           "_VarHandlesOp"})
 SUM_OPS = frozenset({"Add", "AddV2", "AddN"})  # how gradients are summed
