@@ -677,13 +677,16 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
                                     search_model)
     runs.extend(memory_runs)
     candidate("speed", choose_checkpoints("speed", index, regions, facts, batch_size))
-    # the lowest plan with late copies, and the memory policy's own pick, as it makes it: a
-    # budget at the memory policy's peak can be met at no more recompute
-    late = _with_late_copies(min(runs, key=lambda r: r.after.peak_bytes), runner)
-    if late is not None:
-        runs.append(late)
-    _, tried, _ = _memory_pick(index, regions, batch_size, memory_runs, runner)
-    runs.extend(r for r in tried if r not in runs)
+    # the memory policy's own pick, as it makes it (a budget at the memory policy's peak
+    # can be met at no more recompute), and the lowest plan with late copies, unless the
+    # pick already tried that one
+    pick = _memory_pick(index, regions, batch_size, memory_runs, runner)
+    runs.extend(r for r in pick.runs if r not in runs)
+    lowest = min(runs, key=lambda r: r.after.peak_bytes)
+    if lowest is not pick.late_base and not lowest.choice.late_copies:
+        late = _with_late_copies(lowest, runner)
+        if late is not None:
+            runs.append(late)
     fitting = [r for r in runs if r.after.peak_bytes <= budget]
     best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
         min(runs, key=lambda r: r.after.peak_bytes)
@@ -709,7 +712,8 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     from graphmem.units import format_bytes
 
     runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner, True)
-    best, runs, capped = _memory_pick(index, regions, batch_size, runs, runner)
+    pick = _memory_pick(index, regions, batch_size, runs, runner)
+    best, runs = pick.best, pick.runs
     best.applied = runner.apply(best.choice)
     how = {"memory": "the bottleneck heuristic's plan",
            "memory_top": "the bottleneck heuristic's plan with its top segment kept",
@@ -721,7 +725,7 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
             f"of {len(runs)} plans tried, with the least recompute within "
             f"{MEMORY_TOLERANCE:.0%} of it")
-    if capped:
+    if pick.capped:
         note += (f"; plans recomputing more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
                  "pass's FLOPs left out (a lower peak at a slower step: `graphmem plan` "
                  "shows it, --budget writes it)")
@@ -729,12 +733,20 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     return best
 
 
+@dataclass
+class MemoryPick:
+    """The memory policy's choice among its candidate plans."""
+
+    best: BudgetCandidate
+    runs: list[BudgetCandidate]  # the candidates, with the late-copies variant tried
+    capped: bool  # the recompute cap left out a plan that peaks lower
+    late_base: BudgetCandidate  # the plan whose late-copies variant was tried
+
+
 def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
-                 runs: list[BudgetCandidate], runner: PlanRunner
-                 ) -> tuple[BudgetCandidate, list[BudgetCandidate], bool]:
-    """The memory policy's choice among its candidate `runs` (see search_memory), the runs
-    with its late-copies variant added when it has one, and whether the recompute cap left
-    out a plan that peaks lower."""
+                 runs: list[BudgetCandidate], runner: PlanRunner) -> MemoryPick:
+    """The memory policy's choice among its candidate `runs` (see search_memory); its
+    late-copies variant is applied and estimated here."""
     from graphmem.analysis.cost import forward_flops
 
     forward = forward_flops(index, regions, batch_size)
@@ -745,15 +757,16 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     capped = min(r.after.peak_bytes for r in runs) < lowest
     # least recompute first, then a plan whose segments lead (faster with several inter-op
     # threads), then the lower peak
-    best = min((r for r in affordable if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
+    base = min((r for r in affordable if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
                key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
-    late = _with_late_copies(best, runner)
+    best = base
+    late = _with_late_copies(base, runner)
     if late is not None:
         runs = [*runs, late]
-        if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
+        if late.after.peak_bytes < base.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
                 late.extra_flops <= cap:
             best = late
-    return best, runs, capped
+    return MemoryPick(best, runs, capped, base)
 
 
 def _try(runner: PlanRunner, policy: str, choice: CheckpointChoice,

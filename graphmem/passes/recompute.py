@@ -533,6 +533,12 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
             if j not in downstream and index.position[j] <= horizon:
                 downstream.add(j)
                 queue.append(j)
+    def can_hold(s: int) -> bool:
+        # an op in a tf.cond branch (v1) would make the copies dead when its branch is not
+        # taken: the walk goes past it to the ops that always run
+        return s not in downstream and not index.may_be_dead(s) and \
+            not (tower and tower_of(index, s) != tower)
+
     triggers: set[int] = set()
     seen = set(consumers)
     queue = deque(consumers)
@@ -542,20 +548,17 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
             if s in seen or s not in backward or index.in_loop(s):
                 continue  # an op inside a loop frame cannot hold back one outside it
             seen.add(s)
-            # an op in a tf.cond branch (v1) would make the copies dead when its branch is
-            # not taken: walk past it to the ops that always run
-            if s in downstream or index.may_be_dead(s) or (
-                    tower and tower_of(index, s) != tower) or _tuple_identity(index, s):
-                queue.append(s)
-            else:
-                triggers.add(s)
             if _tuple_identity(index, s):
+                queue.append(s)
                 for w in _tuple_siblings(index, s):
-                    if w not in seen and w in backward and w not in downstream and \
-                            not index.in_loop(w) and not index.may_be_dead(w) and \
-                            not (tower and tower_of(index, w) != tower):
+                    if w not in seen and w in backward and not index.in_loop(w) and \
+                            can_hold(w):
                         seen.add(w)
                         triggers.add(w)
+            elif can_hold(s):
+                triggers.add(s)
+            else:
+                queue.append(s)
     return triggers
 
 
