@@ -60,6 +60,7 @@ class RecomputePlan(PassPlan):
     update_guards: int = 0  # control edges that keep ref-variable writes after their copies
     cycle_breaks: int = 0  # groups left without triggers: theirs would have closed a cycle
     shape_readers_released: int = 0  # shape-only readers whose control inputs were moved on
+    order_edges: int = 0  # weight gradients ordered before the input gradient beside them
 
     @property
     def changed(self) -> bool:  # copies made, inputs rewired or shape readers released
@@ -109,6 +110,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     rewires: dict[int, dict[int, str]] = {}  # consumer -> input slot -> new input
     groups: list[_Group] = []
     n_late = 0
+    order_edges: list[tuple[int, int]] = []  # (op, op to run after it): _readers_first
     for tower, seg in sorted(by_segment):
         cut_positions = cuts_of.get(tower, [])
         reach = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
@@ -126,14 +128,20 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                                  _ref_writes(index, regions, needed), tower=tower))
             for late_targets, chain in _merge_chains(late.values()):
                 # a second copy of the targets' chain, for their own readers only: the
-                # first one is freed once the rest of the segment is recomputed from it
-                n_late += 1
-                late_name = {i: f"{scope}_late{n_late}/{index.names[i]}" for i in chain}
-                readers = _rewire(index, late_targets, late_name, rewires)
-                groups.append(_Group(
-                    seg, late_targets, chain, late_name, readers,
-                    _triggers(index, regions, readers, tower) if readers else set(),
-                    _ref_writes(index, regions, chain), tower=tower, late=True))
+                # first one is freed once the rest of the segment is recomputed from it;
+                # readers that can run before the gradient op beside them get a copy of
+                # their own (_readers_first), so that it too is freed before the next
+                first, edges = _readers_first(index, regions, late_targets)
+                order_edges.extend(edges)
+                for only in ([first, None] if first else [None]):
+                    n_late += 1
+                    late_name = {i: f"{scope}_late{n_late}/{index.names[i]}" for i in chain}
+                    readers = _rewire(index, late_targets, late_name, rewires,
+                                      only=only, skip=None if only else first)
+                    groups.append(_Group(
+                        seg, late_targets, chain, late_name, readers,
+                        _triggers(index, regions, readers, tower) if readers else set(),
+                        _ref_writes(index, regions, chain), tower=tower, late=True))
     # with several towers the executor already has independent work to overlap (the other
     # towers' backward ops): a lead would hold two segments of every tower alive at once
     # (2-tower MLP: 30.5 -> 26.5 MiB measured, same step time at one inter-op thread)
@@ -143,10 +151,12 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             leads.pop(n, None)  # a late copy waits for its own readers' inputs
     for n, group in enumerate(groups):
         group.triggers = leads.get(n) or group.own
-    for n in _groups_closing_cycles(index, groups, rewires):
+    closing, cut = _groups_closing_cycles(index, groups, rewires, order_edges)
+    for n in closing:
         groups[n].triggers = set()  # not held back rather than a cycle
         leads.pop(n, None)
         plan.cycle_breaks += 1
+    order_edges = [e for e in dict.fromkeys(order_edges) if e not in cut]
     for n, group in enumerate(groups):
         seg, needed, copy_name, triggers = group.seg, group.needed, group.copy_name, \
             group.triggers
@@ -173,6 +183,9 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         for slot, text in slots.items():
             node.input[slot] = text
             plan.rewired_inputs += 1
+    for before, after in order_edges:
+        g.node[after].input.append("^" + index.names[before])
+    plan.order_edges = len(order_edges)
     plan.shape_readers_released = _release_shape_readers(index, regions)
     return plan
 
@@ -286,6 +299,76 @@ def _late_targets(index: GraphIndex, targets: list, needed: set[int],
     return out
 
 
+# how many backward ops _readers_first walks up from a target's later readers
+SIBLING_WALK = 256
+
+
+def _readers_first(index: GraphIndex, regions: Regions,
+                   targets: list) -> tuple[set[int], list[tuple[int, int]]]:
+    """Readers of late targets that can run before the gradient op beside them, and the
+    ordering edges (reader, sibling) that make them run first.
+
+    A layer's weight gradient reads the layer's input (a target) and the gradient arriving
+    at the layer; its input gradient reads that same gradient and leads to the target's
+    other backward readers (its own activation's gradient). TF may run the input gradient
+    first: then the incoming gradient, the input gradient and the target's copy are live
+    together (tf-slim VGG-16 at 224 px: 3 x 392 MiB at conv1_2's backward). Run the weight
+    gradient first and give it a copy of its own, and that copy is freed before the input
+    gradient runs; the other readers get a second copy, made once the input gradient and
+    the weight gradient have run: two of the three are live at a time.
+
+    A reader qualifies when another reader of the same gradient tensor (its sibling) comes
+    after it in the original order and is an ancestor of another reader of the targets
+    (found by a walk up from those readers, at most SIBLING_WALK ops) and not an ancestor
+    of the reader; where the copies' edges would still close a cycle through it, the edge
+    is dropped (_groups_closing_cycles)."""
+    position = index.position
+    backward = regions.backward
+    held = {s.tensor for s in targets}
+    readers = sorted({c for s in targets for c in s.consumers
+                      if index.ops[c] not in NO_DATA_READERS and not index.in_loop(c)},
+                     key=position.__getitem__)
+    if len(readers) < 2:
+        return set(), []
+    first: set[int] = set()
+    edges: list[tuple[int, int]] = []
+    for w in readers:
+        others = [r for r in readers if r != w]
+        if not others:
+            continue
+        siblings = set()
+        for t in index.data_inputs[w]:
+            if t in held or t[0] not in backward:
+                continue
+            siblings.update(c for c in index.data_consumers(t[0])
+                            if c != w and c in backward and t in index.data_inputs[c]
+                            and c not in readers and not index.in_loop(c))
+        if not siblings:
+            continue
+        low = min(position[c] for c in siblings) - 1
+        found = _ancestors_after(index, others, low) & siblings
+        found -= _ancestors_after(index, [w], low)  # an edge from w would close a cycle
+        if found:
+            first.add(w)
+            edges.extend((w, c) for c in sorted(found))
+    if len(first) == len(readers):
+        return set(), []  # nothing left for the second copy
+    return first, edges
+
+
+def _ancestors_after(index: GraphIndex, ops: list[int], after: int) -> set[int]:
+    """Ancestors of `ops` placed after position `after` (at most SIBLING_WALK of them)."""
+    position = index.position
+    seen: set[int] = set()
+    queue = deque(ops)
+    while queue and len(seen) < SIBLING_WALK:
+        for s in index.ordering_preds(queue.popleft()):
+            if s not in seen and position[s] > after:
+                seen.add(s)
+                queue.append(s)
+    return seen
+
+
 def _merge_chains(late) -> list[tuple[list, set[int]]]:
     """Late targets whose chains share ops, as one copy: (targets, the chains' union)."""
     merged: list[tuple[list, set[int]]] = []
@@ -363,25 +446,29 @@ def _lead_triggers(index: GraphIndex, regions: Regions, groups: list[_Group],
 
 
 def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
-                           rewires: dict[int, dict[int, str]]) -> list[int]:
-    """Groups whose trigger edges take part in a cycle of the rewritten graph.
+                           rewires: dict[int, dict[int, str]],
+                           order_edges: list[tuple[int, int]] = ()
+                           ) -> tuple[list[int], set[tuple[int, int]]]:
+    """Groups whose trigger edges, and ordering edges (_readers_first), that take part in
+    a cycle of the rewritten graph.
 
     Each group's triggers are chosen so that they do not depend on its own consumers, but a
     trigger may depend on another group's consumers: when two groups' consumers are
     siblings (both fed by one gradient, as the two branches of a custom-gradient swish),
     each can be the other's trigger, and the copies wait for each other. Cheap test first:
-    when every group's triggers come before all its consumers in the original order, the
-    copies can be placed between the two and every edge runs forward. Otherwise one Kahn
-    pass over the rewritten graph (copies included) finds the ops left waiting; every cycle
-    runs through a trigger edge (without them the copies only read forward ops), so the
-    groups with a trigger edge between two waiting ops lose their triggers, and the pass
-    repeats until nothing waits."""
+    when every group's triggers come before all its consumers in the original order, and
+    every ordering edge runs forward in it, the copies can be placed between triggers and
+    consumers and every edge runs forward. Otherwise one Kahn pass over the rewritten graph
+    (copies included) finds the ops left waiting; every cycle runs through a trigger edge or
+    an ordering edge (without them the copies only read forward ops), so the groups with a
+    trigger edge between two waiting ops lose their triggers, the ordering edges between
+    two waiting ops are dropped, and the pass repeats until nothing waits."""
     position = index.position
     suspects = [k for k, grp in enumerate(groups) if grp.triggers and grp.consumers and
                 max(position[t] for t in grp.triggers) >=
                 min(position[c] for c in grp.consumers)]
-    if not suspects:
-        return []
+    if not suspects and all(position[a] < position[b] for a, b in order_edges):
+        return [], set()
     n = len(index)
     copy_id: dict[str, int] = {}
     owner: list[int] = []  # copy -> its group
@@ -402,15 +489,23 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
             data[slot] = copy_id[parse_input(text)[0]]  # data inputs come first in a node
         original[i] = data + index.control_inputs[i]
     dropped: set[int] = set()
+    cut: set[tuple[int, int]] = set()
     while True:
-        _, indeg = kahn(original + [
+        preds = list(original)
+        for a, b in order_edges:
+            if (a, b) not in cut:
+                preds[b] = preds[b] + [a]
+        _, indeg = kahn(preds + [
             copy_preds[c] + ([] if k in dropped else list(groups[k].triggers))
             for c, k in enumerate(owner)])
         culprits = {k for c, k in enumerate(owner) if indeg[n + c] > 0 and k not in dropped
                     and any(indeg[t] > 0 for t in groups[k].triggers)}
-        if not culprits:
-            return sorted(dropped)
+        edges = {(a, b) for a, b in order_edges
+                 if (a, b) not in cut and indeg[a] > 0 and indeg[b] > 0}
+        if not culprits and not edges:
+            return sorted(dropped), cut
         dropped |= culprits
+        cut |= edges
 
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
@@ -457,14 +552,17 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
 
 
 def _rewire(index: GraphIndex, targets: list, copy_name: dict[int, str],
-            rewires: dict[int, dict[int, str]]) -> set[int]:
-    """Point the targets' backward readers at the copies; returns those readers."""
+            rewires: dict[int, dict[int, str]], only: set[int] | None = None,
+            skip: set[int] | None = None) -> set[int]:
+    """Point the targets' backward readers (those in `only`, if given; not those in
+    `skip`) at the copies; returns those readers."""
     g = index.graph_def
     consumers: set[int] = set()
     for s in targets:
         new_input = input_string(copy_name[s.tensor[0]], s.tensor[1])
         for c in s.consumers:
-            if index.ops[c] in NO_DATA_READERS:
+            if index.ops[c] in NO_DATA_READERS or (only is not None and c not in only) or \
+                    (skip and c in skip):
                 continue
             if not index.control_inputs[c]:
                 # every input is a data input: its slot is its place in data_inputs, and
