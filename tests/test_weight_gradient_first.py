@@ -52,6 +52,10 @@ def test_weight_gradient_reads_its_own_copy_and_runs_first(wide_first, tmp_path,
     out = tmp_path / "out.meta"
     result = _rewrite(wide_first, out, monkeypatch, split=True)
     assert result.plan.order_edges >= 1
+    from graphmem.report.rewrite_report import rewrite_document
+
+    assert rewrite_document(result, str(out))["weight_gradients_run_first"] == \
+        result.plan.order_edges
     ix = Workspace.open(load_model(str(out))).index
     grad = "gradients/Conv2D_1_grad"
     weights, inputs = ix.id_of[f"{grad}/Conv2DBackpropFilter"], \

@@ -35,6 +35,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "update_guards": plan.update_guards,
         "groups_released_to_avoid_cycles": plan.cycle_breaks,
         "shape_readers_released": plan.shape_readers_released,
+        "weight_gradients_run_first": plan.order_edges,
         "nodes": {"before": result.nodes_before, "after": result.nodes_after},
         "reverted": result.reverted,
         "early_updates": result.early,
