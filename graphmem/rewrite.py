@@ -225,6 +225,10 @@ class _Runner:
         recompute = applied[1].plans.get("recompute")
         return recompute is not None and any(s.ahead for s in recompute.segments)
 
+    def ran_weight_grads_first(self, applied) -> bool:
+        recompute = applied[1].plans.get("recompute")
+        return recompute is not None and recompute.order_edges > 0
+
     def measure(self, applied) -> tuple[MemoryEstimate, int]:
         done = applied[1]
         return (_estimate(self.ws, done.regions, self.options),

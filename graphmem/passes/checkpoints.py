@@ -45,6 +45,10 @@ class CheckpointChoice:
     # cheap targets the rest of their segment is recomputed from get a second copy for
     # their own backward readers (recompute.py, _late_targets; the memory policy tries it)
     late_copies: bool = False
+    # with late copies: a weight gradient reading a late target gets a copy of its own and
+    # runs before the input gradient beside it (recompute.py, _readers_first; the memory
+    # policy keeps it where it lowers the estimate)
+    weight_grads_first: bool = True
 
 
 def candidate_tensors(index: GraphIndex, regions: Regions, facts: ForwardFacts) -> list[Tensor]:

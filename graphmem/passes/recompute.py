@@ -73,12 +73,14 @@ class RecomputePlan(PassPlan):
 
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                     checkpoints: list[Tensor], batch_size: int | None = None,
-                    lead: bool = True, late_copies: bool = False) -> RecomputePlan:
+                    lead: bool = True, late_copies: bool = False,
+                    weight_grads_first: bool = True) -> RecomputePlan:
     """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it.
     `lead`: hold segments back one segment ahead (see the module's docstring); without it
     each waits for the inputs of its own backward readers. `late_copies`: a cheap target
     that the rest of its segment is recomputed from gets a second copy for its own
-    backward readers (`_late_targets`)."""
+    backward readers (`_late_targets`); with `weight_grads_first`, a weight gradient among
+    them reads a copy of its own and runs first (`_readers_first`)."""
     plan = RecomputePlan()
     keep = set(checkpoints)
     recomputable = facts.recomputable
@@ -131,7 +133,8 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                 # first one is freed once the rest of the segment is recomputed from it;
                 # readers that can run before the gradient op beside them get a copy of
                 # their own (_readers_first), so that it too is freed before the next
-                first, edges = _readers_first(index, regions, late_targets)
+                first, edges = _readers_first(index, regions, late_targets) \
+                    if weight_grads_first else (set(), [])
                 order_edges.extend(edges)
                 for only in ([first, None] if first else [None]):
                     n_late += 1
@@ -731,4 +734,5 @@ class RecomputePass(Pass):
     def run(self, context: PassContext) -> RecomputePlan:
         return apply_recompute(context.index, context.original_regions, context.facts,
                                context.choice.tensors, context.options.batch_size,
-                               context.choice.lead, context.choice.late_copies)
+                               context.choice.lead, context.choice.late_copies,
+                               context.choice.weight_grads_first)
