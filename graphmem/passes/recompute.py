@@ -320,11 +320,10 @@ def _readers_first(index: GraphIndex, regions: Regions,
     gradient runs; the other readers get a second copy, made once the input gradient and
     the weight gradient have run: two of the three are live at a time.
 
-    A reader qualifies when another reader of the same gradient tensor (its sibling) comes
-    after it in the original order and is an ancestor of another reader of the targets
-    (found by a walk up from those readers, at most SIBLING_WALK ops) and not an ancestor
-    of the reader; where the copies' edges would still close a cycle through it, the edge
-    is dropped (_groups_closing_cycles)."""
+    A reader qualifies when another reader of the same gradient tensor (its sibling) is an
+    ancestor of another reader of the targets and not an ancestor of the reader itself
+    (walks up from both, at most SIBLING_WALK ops each); where the copies' edges would
+    still close a cycle through the edge, it is dropped (_groups_closing_cycles)."""
     position = index.position
     backward = regions.backward
     held = {s.tensor for s in targets}
@@ -337,8 +336,6 @@ def _readers_first(index: GraphIndex, regions: Regions,
     edges: list[tuple[int, int]] = []
     for w in readers:
         others = [r for r in readers if r != w]
-        if not others:
-            continue
         siblings = set()
         for t in index.data_inputs[w]:
             if t in held or t[0] not in backward:
@@ -452,8 +449,8 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
                            rewires: dict[int, dict[int, str]],
                            order_edges: list[tuple[int, int]] = ()
                            ) -> tuple[list[int], set[tuple[int, int]]]:
-    """Groups whose trigger edges, and ordering edges (_readers_first), that take part in
-    a cycle of the rewritten graph.
+    """The groups whose trigger edges take part in a cycle of the rewritten graph, and the
+    ordering edges (_readers_first) that do.
 
     Each group's triggers are chosen so that they do not depend on its own consumers, but a
     trigger may depend on another group's consumers: when two groups' consumers are
