@@ -30,6 +30,7 @@ from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
 from graphmem.graph.names import COPY_SCOPE, input_string, parse_input
 from graphmem.graph.names import original_name as original_name  # named here too
+from graphmem.graph.reachability import Reachability
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 # how many segments back a segment's copies may reach for ops that are not kept (see
@@ -113,6 +114,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     groups: list[_Group] = []
     n_late = 0
     order_edges: list[tuple[int, int]] = []  # (op, op to run after it): _readers_first
+    reachability: Reachability | None = None  # built for the first late copy needing it
     for tower, seg in sorted(by_segment):
         cut_positions = cuts_of.get(tower, [])
         reach = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
@@ -133,14 +135,17 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                 # first one is freed once the rest of the segment is recomputed from it;
                 # readers that can run before the gradient op beside them get a copy of
                 # their own (_readers_first), so that it too is freed before the next
-                first, edges = _readers_first(index, regions, late_targets) \
-                    if weight_grads_first else (set(), [])
+                first, edges = set(), []
+                if weight_grads_first:
+                    reachability = reachability or Reachability(index)
+                    first, edges = _readers_first(index, regions, late_targets,
+                                                  reachability)
                 order_edges.extend(edges)
-                for only in ([first, None] if first else [None]):
+                for only in ([first, _readers(index, late_targets) - first] if first
+                             else [None]):
                     n_late += 1
                     late_name = {i: f"{scope}_late{n_late}/{index.names[i]}" for i in chain}
-                    readers = _rewire(index, late_targets, late_name, rewires,
-                                      only=only, skip=None if only else first)
+                    readers = _rewire(index, late_targets, late_name, rewires, only)
                     groups.append(_Group(
                         seg, late_targets, chain, late_name, readers,
                         _triggers(index, regions, readers, tower) if readers else set(),
@@ -302,12 +307,13 @@ def _late_targets(index: GraphIndex, targets: list, needed: set[int],
     return out
 
 
-# how many backward ops _readers_first walks up from a target's later readers
-SIBLING_WALK = 256
+def _readers(index: GraphIndex, targets: list) -> set[int]:
+    """The targets' backward readers that copies are for (not those reading a shape)."""
+    return {c for s in targets for c in s.consumers if index.ops[c] not in NO_DATA_READERS}
 
 
-def _readers_first(index: GraphIndex, regions: Regions,
-                   targets: list) -> tuple[set[int], list[tuple[int, int]]]:
+def _readers_first(index: GraphIndex, regions: Regions, targets: list,
+                   reach: Reachability) -> tuple[set[int], list[tuple[int, int]]]:
     """Readers of late targets that can run before the gradient op beside them, and the
     ordering edges (reader, sibling) that make them run first.
 
@@ -320,16 +326,15 @@ def _readers_first(index: GraphIndex, regions: Regions,
     gradient runs; the other readers get a second copy, made once the input gradient and
     the weight gradient have run: two of the three are live at a time.
 
-    A reader qualifies when another reader of the same gradient tensor (its sibling) is an
-    ancestor of another reader of the targets and not an ancestor of the reader itself
-    (walks up from both, at most SIBLING_WALK ops each); where the copies' edges would
-    still close a cycle through the edge, it is dropped (_groups_closing_cycles)."""
-    position = index.position
+    A reader qualifies when another reader of the same gradient tensor (its sibling) is
+    known to be an ancestor of another reader of the targets and known not to be one of
+    the reader itself (`reach`: an unsettled question counts as no edge); where the
+    copies' edges would still close a cycle through the edge, it is dropped
+    (_groups_closing_cycles)."""
     backward = regions.backward
     held = {s.tensor for s in targets}
-    readers = sorted({c for s in targets for c in s.consumers
-                      if index.ops[c] not in NO_DATA_READERS and not index.in_loop(c)},
-                     key=position.__getitem__)
+    readers = sorted((c for c in _readers(index, targets) if not index.in_loop(c)),
+                     key=index.position.__getitem__)
     if len(readers) < 2:
         return set(), []
     first: set[int] = set()
@@ -343,30 +348,15 @@ def _readers_first(index: GraphIndex, regions: Regions,
             siblings.update(c for c in index.data_consumers(t[0])
                             if c != w and c in backward and t in index.data_inputs[c]
                             and c not in readers and not index.in_loop(c))
-        if not siblings:
-            continue
-        low = min(position[c] for c in siblings) - 1
-        found = _ancestors_after(index, others, low) & siblings
-        found -= _ancestors_after(index, [w], low)  # an edge from w would close a cycle
+        found = [c for c in sorted(siblings)
+                 if any(reach.reaches(c, r) is True for r in others)
+                 and reach.reaches(c, w) is False]  # an edge from w would close a cycle
         if found:
             first.add(w)
-            edges.extend((w, c) for c in sorted(found))
+            edges.extend((w, c) for c in found)
     if len(first) == len(readers):
         return set(), []  # nothing left for the second copy
     return first, edges
-
-
-def _ancestors_after(index: GraphIndex, ops: list[int], after: int) -> set[int]:
-    """Ancestors of `ops` placed after position `after` (at most SIBLING_WALK of them)."""
-    position = index.position
-    seen: set[int] = set()
-    queue = deque(ops)
-    while queue and len(seen) < SIBLING_WALK:
-        for s in index.ordering_preds(queue.popleft()):
-            if s not in seen and position[s] > after:
-                seen.add(s)
-                queue.append(s)
-    return seen
 
 
 def _merge_chains(late) -> list[tuple[list, set[int]]]:
@@ -552,17 +542,15 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
 
 
 def _rewire(index: GraphIndex, targets: list, copy_name: dict[int, str],
-            rewires: dict[int, dict[int, str]], only: set[int] | None = None,
-            skip: set[int] | None = None) -> set[int]:
-    """Point the targets' backward readers (those in `only`, if given; not those in
-    `skip`) at the copies; returns those readers."""
+            rewires: dict[int, dict[int, str]], only: set[int] | None = None) -> set[int]:
+    """Point the targets' backward readers (those in `only`, if given) at the copies;
+    returns those readers."""
     g = index.graph_def
     consumers: set[int] = set()
     for s in targets:
         new_input = input_string(copy_name[s.tensor[0]], s.tensor[1])
         for c in s.consumers:
-            if index.ops[c] in NO_DATA_READERS or (only is not None and c not in only) or \
-                    (skip and c in skip):
+            if index.ops[c] in NO_DATA_READERS or (only is not None and c not in only):
                 continue
             if not index.control_inputs[c]:
                 # every input is a data input: its slot is its place in data_inputs, and
