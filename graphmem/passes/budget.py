@@ -787,8 +787,8 @@ def _with_late_copies(best: BudgetCandidate, runner: PlanRunner) -> BudgetCandid
     None when the plan has no target to copy twice (no extra FLOPs). Tried with weight
     gradients run first (_readers_first) and, where that added a copy, without: the lower
     estimate is returned. The ordering is not always better: where the input gradient it
-    delays holds other values back (tf-slim ResNet-50 v2 at 224 px, batch 32: 571 MiB
-    without, 605 MiB with), TF's own order does better."""
+    delays holds other values back (tf-slim ResNet-50 v2 at 224 px, batch 32: estimated
+    571 MiB without, 605 MiB with), TF's own order does better."""
     late = _try(runner, best.policy, replace(best.choice, late_copies=True), best.solution)
     if late.extra_flops == best.extra_flops:
         return None

@@ -321,7 +321,7 @@ def _readers_first(index: GraphIndex, regions: Regions, targets: list,
     at the layer; its input gradient reads that same gradient and leads to the target's
     other backward readers (its own activation's gradient). TF may run the input gradient
     first: then the incoming gradient, the input gradient and the target's copy are live
-    together (tf-slim VGG-16 at 224 px: 3 x 392 MiB at conv1_2's backward). Run the weight
+    together (tf-slim VGG-16 at 224 px, in the estimate: 3 x 392 MiB at conv1_2's backward). Run the weight
     gradient first and give it a copy of its own, and that copy is freed before the input
     gradient runs; the other readers get a second copy, made once the input gradient and
     the weight gradient have run: two of the three are live at a time.
