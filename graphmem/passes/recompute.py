@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
+from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS
 from graphmem.analysis.regions import Regions, is_state_write
@@ -36,6 +37,9 @@ from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 # how many segments back a segment's copies may reach for ops that are not kept (see
 # _independent_groups): enough for a transformer block's chains, linear on any graph
 REACH_SEGMENTS = 16
+# a reduction whose output is at most this share of its data input is kept, not recomputed
+# (_small_reductions)
+SMALL_REDUCTION_SHARE = 1 / 16
 # read only their input's shape and dtype: leave them on the original tensor
 NO_DATA_READERS = SHAPE_ONLY_OPS | {"ZerosLike", "OnesLike"}
 
@@ -83,8 +87,9 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     backward readers (`_late_targets`); with `weight_grads_first`, a weight gradient among
     them reads a copy of its own and runs first (`_readers_first`)."""
     plan = RecomputePlan()
-    keep = set(checkpoints)
     recomputable = facts.recomputable
+    small = _small_reductions(index, recomputable, batch_size)
+    keep = set(checkpoints) | small
     for s in regions.saved:
         i = s.tensor[0]
         if i not in recomputable and i in facts.blocked:
@@ -196,6 +201,42 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     plan.order_edges = len(order_edges)
     plan.shape_readers_released = _release_shape_readers(index, regions)
     return plan
+
+
+def _small_reductions(index: GraphIndex, recomputable: set[int],
+                      batch_size: int | None) -> set[Tensor]:
+    """Outputs of forward reductions much smaller than their input (batch-norm statistics
+    per channel, layer-norm statistics per row, a global average pool), and what is computed
+    from them alone and stays as small (a variance's reciprocal square root, the scale and
+    offset of an unfused batch norm).
+
+    Kept rather than recomputed, they cost next to no memory and the copies start after
+    them: recomputing an unfused batch norm's `moments` (Keras' MobileNetV2 at 224 px) ran a
+    memory-bound mean, a full-size squared difference and a second mean per layer, slower
+    than their FLOPs say, with the squared difference's buffer live beside the copies.
+    Recomputing only part of them instead would make many one-op copy groups whose
+    triggers wait on each other (the cycle check then releases the large groups too)."""
+    size = index.output_bytes(batch_size)
+    bound: dict[int, int] = {}  # op -> bytes its outputs stay within
+    stack = []
+    for i in recomputable:
+        if index.ops[i] not in REDUCTION_OPS or not index.data_inputs[i]:
+            continue
+        src, k = index.data_inputs[i][0]
+        have, feed = size(i)[0], size(src)[k]
+        if have is not None and feed and have <= feed * SMALL_REDUCTION_SHARE:
+            bound[i] = int(feed * SMALL_REDUCTION_SHARE)
+            stack.append(i)
+    while stack:
+        i = stack.pop()
+        for c in index.data_consumers(i):
+            if c in bound or c not in recomputable:
+                continue
+            sizes = size(c)
+            if sizes and all(n is not None and n <= bound[i] for n in sizes):
+                bound[c] = bound[i]
+                stack.append(c)
+    return {(i, k) for i in bound for k in range(index.num_outputs[i])}
 
 
 def _reader_tower(index: GraphIndex, s) -> str:

@@ -1,0 +1,71 @@
+"""Measure graphs that train the same model side by side: the first is the reference.
+
+    python -m benchmarks.side_by_side ORIGINAL REWRITE [REWRITE ...] --batch N
+                                      [--threads 1,2] [--rounds 3] [--steps 5]
+
+For comparing two rewrites of one model (two checkouts, two options) without building it
+again: each round runs every graph once per thread setting, in turns, each in a fresh
+process (`benchmarks.measure`: median step peak above resident memory, first step left
+out), so that a machine's slow minute falls on all of them. Prints, per thread setting and
+graph, each process's peak, the median's ratio to the first graph's median, the step-time
+ratio likewise, the highest step of any process, and whether every process's losses equal
+the first graph's (bit for bit: the same feeds and initial values each step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+from benchmarks.measure import ROOT
+
+
+def _run(path: str, batch: int, threads: int, steps: int) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.measure", path, "--batch", str(batch),
+           "--threads", str(threads), "--steps", str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("graphs", nargs="+", help="the reference first, then the others")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--threads", default="1,2", help="inter-op thread settings")
+    ap.add_argument("--rounds", type=int, default=3, help="processes per graph and setting")
+    ap.add_argument("--steps", type=int, default=5)
+    a = ap.parse_args()
+    threads = [int(t) for t in a.threads.split(",")]
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for r in range(a.rounds):
+        for t in threads:
+            for g in a.graphs:
+                res = _run(g, a.batch, t, a.steps)
+                runs.setdefault((t, g), []).append(res)
+                print(f"round {r + 1}, {t} thread(s), {g}: {res['peak'] / 2**20:.0f} MiB, "
+                      f"{res['seconds']:.2f} s", file=sys.stderr, flush=True)
+    print("| threads | graph | peaks (MiB) | peak x first | step time x first | highest step "
+          "(MiB) | losses |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for t in threads:
+        ref = runs[(t, a.graphs[0])]
+        ref_peak = statistics.median(x["peak"] for x in ref)
+        ref_time = statistics.median(x["seconds"] for x in ref)
+        for g in a.graphs:
+            rs = runs[(t, g)]
+            peak = statistics.median(x["peak"] for x in rs)
+            secs = statistics.median(x["seconds"] for x in rs)
+            same = all(x["losses"] == ref[0]["losses"] for x in rs)
+            peaks = ", ".join(f"{x['peak'] / 2**20:.0f}" for x in rs)
+            print(f"| {t} | {g} | {peaks} | "
+                  f"{peak / ref_peak:.2f} | {secs / ref_time:.2f} | "
+                  f"{max(x['highest'] for x in rs) / 2**20:.0f} | "
+                  f"{'same' if same else 'DIFFER'} |")
+
+
+if __name__ == "__main__":
+    main()
