@@ -80,6 +80,11 @@ def test_statistics_are_kept_and_training_is_the_same(bn_net, tmp_path):
     # ... from kept statistics: no mean, no squared difference, no reciprocal root
     assert not {"Mean", "SquaredDifference", "Rsqrt"} & set(copied), copied
     assert result.plan.cycle_breaks == 0
+    # the saved means, variances and scales of the four layers, at least
+    assert result.plan.kept_statistics >= 8
+    from graphmem.report.rewrite_report import rewrite_document
+
+    assert rewrite_document(result, str(out))["kept_statistics"] == result.plan.kept_statistics
     r = verify(str(bn_net), str(out), RunSpec(batch_size=BATCH, grappler=False), 3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0, r.mismatches
 

@@ -25,6 +25,7 @@ from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS
+from graphmem.analysis.loops import const_ints
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
@@ -37,7 +38,7 @@ from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 # how many segments back a segment's copies may reach for ops that are not kept (see
 # _independent_groups): enough for a transformer block's chains, linear on any graph
 REACH_SEGMENTS = 16
-# a reduction whose output is at most this share of its data input is kept, not recomputed
+# a batch statistic at most this share of the reduction's input is kept, not recomputed
 # (_small_reductions)
 SMALL_REDUCTION_SHARE = 1 / 16
 # read only their input's shape and dtype: leave them on the original tensor
@@ -66,6 +67,7 @@ class RecomputePlan(PassPlan):
     cycle_breaks: int = 0  # groups left without triggers: theirs would have closed a cycle
     shape_readers_released: int = 0  # shape-only readers whose control inputs were moved on
     order_edges: int = 0  # weight gradients ordered before the input gradient beside them
+    kept_statistics: int = 0  # saved activations kept as small statistics (_small_reductions)
 
     @property
     def changed(self) -> bool:  # copies made, inputs rewired or shape readers released
@@ -89,7 +91,8 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     plan = RecomputePlan()
     recomputable = facts.recomputable
     small = _small_reductions(index, recomputable, batch_size)
-    keep = set(checkpoints) | small
+    picked = set(checkpoints)
+    keep = picked | small
     for s in regions.saved:
         i = s.tensor[0]
         if i not in recomputable and i in facts.blocked:
@@ -97,6 +100,8 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
             plan.kept_blocked[why] = plan.kept_blocked.get(why, 0) + 1
     targets = [s for s in regions.saved
                if s.tensor[0] in recomputable and s.tensor not in keep]
+    plan.kept_statistics = sum(1 for s in regions.saved
+                               if s.tensor in small and s.tensor not in picked)
     if not targets:
         return plan
     # with several towers (one per device, towers.py) each tower is cut by its own
@@ -205,28 +210,37 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
 
 def _small_reductions(index: GraphIndex, recomputable: set[int],
                       batch_size: int | None) -> set[Tensor]:
-    """Outputs of forward reductions much smaller than their input (batch-norm statistics
-    per channel, layer-norm statistics per row, a global average pool), and what is computed
-    from them alone and stays as small (a variance's reciprocal square root, the scale and
-    offset of an unfused batch norm).
+    """Batch statistics: outputs of forward reductions over the batch axis (among others)
+    that are much smaller than their input (an unfused batch norm's mean and variance, per
+    channel), and what is computed from them alone and stays as small (the variance's
+    reciprocal square root, the batch norm's scale and offset).
 
-    Kept rather than recomputed, they cost next to no memory and the copies start after
-    them: recomputing an unfused batch norm's `moments` (Keras' MobileNetV2 at 224 px) ran a
-    memory-bound mean, a full-size squared difference and a second mean per layer, slower
-    than their FLOPs say, with the squared difference's buffer live beside the copies.
-    Recomputing only part of them instead would make many one-op copy groups whose
-    triggers wait on each other (the cycle check then releases the large groups too)."""
+    Kept rather than recomputed, they cost next to no memory at any batch size, and the
+    copies start after them: recomputing an unfused batch norm's `moments` (Keras'
+    MobileNetV2 at 224 px) ran a memory-bound mean, a full-size squared difference and a
+    second mean per layer, slower than their FLOPs say, with the squared difference's
+    buffer live beside the copies. Recomputing only part of them would make many one-op
+    copy groups whose triggers wait on each other (the cycle check then releases the large
+    groups too). Statistics per example (a layer norm's, per row) are left to the plan:
+    keeping them changed which of the copies run together in the top segment of a Keras
+    transformer LM, whose peak then measured higher (0.27x -> 0.30x of the original at one
+    inter-op thread, `benchmarks/side_by_side.py`)."""
     size = index.output_bytes(batch_size)
+    nodes = index.graph_def.node
     bound: dict[int, int] = {}  # op -> bytes its outputs stay within
     stack = []
     for i in recomputable:
-        if index.ops[i] not in REDUCTION_OPS or not index.data_inputs[i]:
+        if index.ops[i] not in REDUCTION_OPS or len(index.data_inputs[i]) < 2:
             continue
-        src, k = index.data_inputs[i][0]
+        (src, k), (axes, _) = index.data_inputs[i][:2]
         have, feed = size(i)[0], size(src)[k]
-        if have is not None and feed and have <= feed * SMALL_REDUCTION_SHARE:
-            bound[i] = int(feed * SMALL_REDUCTION_SHARE)
-            stack.append(i)
+        if have is None or not feed or have > feed * SMALL_REDUCTION_SHARE:
+            continue
+        values = const_ints(nodes[axes]) if index.ops[axes] == "Const" else None
+        if values is None or 0 not in ([values] if isinstance(values, int) else values):
+            continue  # not over the batch axis
+        bound[i] = int(feed * SMALL_REDUCTION_SHARE)
+        stack.append(i)
     while stack:
         i = stack.pop()
         for c in index.data_consumers(i):

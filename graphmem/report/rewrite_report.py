@@ -32,6 +32,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "segments": plan.segments,
         "segments_not_held_back": plan.not_held_back,
         "kept_not_recomputable": plan.kept_blocked,
+        "kept_statistics": plan.kept_statistics,
         "update_guards": plan.update_guards,
         "groups_released_to_avoid_cycles": plan.cycle_breaks,
         "shape_readers_released": plan.shape_readers_released,
@@ -125,6 +126,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         _more(console, len(plan.segments), "segments")
     for why, count in plan.kept_blocked.items():
         console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
+    if plan.kept_statistics:
+        console.print(f"[yellow]kept[/]: {plan.kept_statistics} saved activations, small "
+                      "statistics (batch- or layer-norm moments, pooled values): not recomputed")
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")
