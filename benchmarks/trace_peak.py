@@ -1,0 +1,165 @@
+"""What is live at a training step's measured peak: `python -m benchmarks.trace_peak MODEL`.
+
+Trains MODEL (any format `graphmem verify` runs: a TF1 graph in a session, a TF2 train
+step called as its users call it) for `--step` steps and records the last under
+TensorFlow's profiler. The CPU allocator logs every allocation and release there, with the
+op, the shape, the bytes asked for and the chunk it got; replayed in time order, they give
+the allocator's bytes in use at each moment, its highest point in the step, and which
+buffers were live then. With `--estimate`, graphmem's estimated peak and the live set it
+simulates are printed beside them: where the two differ is where the estimate is wrong.
+
+Prints the peak above what was resident before the step, the op allocating at the peak,
+the live buffers largest first (op, output or scratch, shape, chunk bytes), and how much
+of the peak is chunk rounding (a chunk larger than asked for: TensorFlow's allocator does
+not split a free chunk when less than twice the request and less than 128 MiB would
+remain).
+
+    python -m benchmarks.trace_peak MODEL --batch N [--threads 1] [--step 3] [--top 15]
+                                    [--estimate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+MIB = 2 ** 20
+
+
+@dataclass
+class Buffer:
+    op: str
+    region: str  # "output", "temp", ... as TensorFlow's allocator names it
+    shape: str
+    requested: int
+    chunk: int
+
+
+@dataclass
+class PeakTrace:
+    peak_in_use: int  # the allocator's bytes in use at the step's highest point
+    resident: int  # in use before the step's first allocation
+    op: str  # the op whose allocation made the peak
+    live: list[Buffer]  # allocated during the step and live at the peak, largest first
+
+
+def _events(path: str):
+    """(time in ps, kind, stats) of every allocator event in an XSpace file."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    out = []
+    for plane in space.planes:
+        names, stat_names = plane.event_metadata, plane.stat_metadata
+        for line in plane.lines:
+            for e in line.events:
+                kind = names[e.metadata_id].name
+                if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+                    continue
+                stats = {}
+                for s in e.stats:
+                    key = stat_names[s.metadata_id].name
+                    which = s.WhichOneof("value")
+                    value = getattr(s, which) if which else None
+                    if which == "ref_value":
+                        value = stat_names[s.ref_value].name
+                    stats[key] = value
+                out.append((line.timestamp_ns * 1000 + e.offset_ps, kind, stats))
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def replay(path: str) -> PeakTrace:
+    """The step's highest point and the buffers live at it, from the allocator's events."""
+    live: dict[int, Buffer] = {}
+    best: tuple[int, str, list[Buffer]] | None = None
+    resident = None
+    for _, kind, st in _events(path):
+        in_use = int(st.get("bytes_allocated") or 0)
+        addr = st.get("addr")
+        if kind == "MemoryAllocation":
+            buf = Buffer(str(st.get("tf_op") or "?"), str(st.get("region_type") or "?"),
+                         str(st.get("shape") or "?"), int(st.get("requested_bytes") or 0),
+                         int(st.get("allocation_bytes") or 0))
+            if resident is None:
+                resident = in_use - buf.chunk
+            live[addr] = buf
+            if best is None or in_use > best[0]:
+                best = (in_use, buf.op, list(live.values()))
+        else:
+            live.pop(addr, None)
+    if best is None:
+        raise SystemExit("no allocator events were recorded")
+    return PeakTrace(best[0], resident or 0, best[1],
+                     sorted(best[2], key=lambda b: -b.chunk))
+
+
+def trace(path: str, batch: int, threads: int, step: int) -> PeakTrace:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+    from graphmem.runtime.train_runner import RunSpec, make_feeds, make_runner
+
+    ws = Workspace.open(load_model(path))
+    spec = RunSpec(batch_size=batch, inter_op_threads=threads)
+    runner = make_runner(ws, spec)
+    runner.initialize()
+
+    def feeds(n: int):
+        return runner.feeds(n) if hasattr(runner, "feeds") else make_feeds(
+            runner.index, runner.regions, spec, n)
+
+    for n in range(step - 1):
+        runner.step(feeds(n))
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        record = runner.step(feeds(step - 1))
+        tf.profiler.experimental.stop()
+        (found,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        result = replay(found)
+    runner.close()
+    print(f"measured step peak (allocator statistics): {record.peak_bytes / MIB:.1f} MiB")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--step", type=int, default=3, help="the step traced (1 = the first)")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--estimate", action="store_true",
+                    help="print graphmem's estimated peak and live set beside it")
+    a = ap.parse_args()
+    t = trace(a.model, a.batch, a.threads, a.step)
+    over = t.peak_in_use - t.resident
+    rounding = sum(b.chunk - b.requested for b in t.live)
+    print(f"traced peak above resident: {over / MIB:.1f} MiB, at {t.op}; "
+          f"{len(t.live)} buffers of the step live, {rounding / MIB:.1f} MiB of it chunk "
+          "rounding")
+    for b in t.live[:a.top]:
+        print(f"  {b.chunk / MIB:8.1f} MiB (asked {b.requested / MIB:8.1f})  {b.region:6s} "
+              f"{b.shape:22s} {b.op}")
+    if a.estimate:
+        from graphmem.api import inspect
+
+        doc = inspect(a.model, batch_size=a.batch).to_json()
+        peak = doc["peak"]
+        print(f"estimated peak: {doc['estimated_peak_bytes'] / MIB:.1f} MiB at {peak['op']} "
+              f"({peak['phase']})")
+        for x in peak["live"][:a.top]:
+            print(f"  {x['bytes'] / MIB:8.1f} MiB  {x['shape']}  {x['name']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
