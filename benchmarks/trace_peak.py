@@ -25,6 +25,7 @@ import glob
 import os
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 
 MIB = 2 ** 20
@@ -77,10 +78,17 @@ def _events(path: str):
 
 def replay(path: str) -> PeakTrace:
     """The step's highest point and the buffers live at it, from the allocator's events."""
+    events = _events(path)
+    # TF may log more than one allocator (oneDNN's own, for a buffer or two): their
+    # counters are their own; the step's tensors are the busiest allocator's
+    counts = Counter(st.get("allocator_name") for _, _, st in events)
+    main = counts.most_common(1)[0][0] if counts else None
     live: dict[int, Buffer] = {}
     best: tuple[int, str, list[Buffer]] | None = None
     resident = None
-    for _, kind, st in _events(path):
+    for _, kind, st in events:
+        if st.get("allocator_name") != main:
+            continue
         in_use = int(st.get("bytes_allocated") or 0)
         addr = st.get("addr")
         if kind == "MemoryAllocation":
