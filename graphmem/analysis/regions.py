@@ -21,6 +21,7 @@ from graphmem.graph.index import (
     GraphIndex,
     Tensor,
 )
+from graphmem.graph.names import made_by_graphmem
 
 DEFAULT_BACKWARD_SCOPES = (r"(^|/)gradients(_\d+)?/", r"(^|/)gradient_tape/")
 # both defaults in one regex (one search per name; neither has a backreference or a flag)
@@ -191,10 +192,51 @@ def analyze_regions(index: GraphIndex, backward_scopes=None, batch_size: int | N
     # the walk up need not pass forward ops
     state_updates = index.ancestors(writes_fed, data_only=True, stop=forward) & fed
     forward -= state_updates
+    factors = gradient_factors(index, forward, backward, optimizer, state_updates, loss,
+                               params)
+    forward -= factors
+    backward |= factors
     other = set(range(n)).difference(forward, backward, optimizer, state_updates)
     regions = Regions(forward, backward, optimizer, state_updates, other, loss=loss)
     regions.saved = saved_activations(index, regions, batch_size, params)
     return regions
+
+
+# inputs of the step: never gradient factors, whatever reads them
+_STEP_INPUTS = frozenset({"Placeholder", "PlaceholderWithDefault", "_Arg"})
+
+
+def gradient_factors(index: GraphIndex, forward: set[int], backward: set[int],
+                     optimizer: set[int], state_updates: set[int], loss: list[Tensor],
+                     params: set[int]) -> set[int]:
+    """Forward ops that only the backward pass needs: terms of a gradient computed from
+    forward values alone, before the incoming gradient multiplies them in. A custom
+    gradient builds them (Keras' swish, `x * sigmoid(x)`: `sigmoid(x) * (1 + x * (1 -
+    sigmoid(x)))`, several full-size tensors per layer); nothing the loss, a state update
+    or the optimizer needs depends on them other than through backward ops.
+
+    They are backward ops: TF runs them as soon as their forward inputs exist, and keeps
+    what they make until the backward pass reaches their layer (Keras' EfficientNetB0 at
+    224 px: every swish layer's terms live through the step). Counted as backward, their
+    forward inputs are saved activations, which the recompute pass copies for them and so
+    holds them back too. Ops in loop frames, stateful ops, parameter reads and the step's
+    inputs stay where they are."""
+    if not loss:
+        return set()  # what the forward pass is for is unknown: nothing is told apart
+    roots = [t[0] for t in loss]
+    roots.extend(state_updates)
+    roots.extend(optimizer)
+    needed = index.ancestors(roots, stop=backward)
+    out = {i for i in forward if i not in needed and i not in params
+           and index.ops[i] not in _STEP_INPUTS and not index.stateful[i]
+           and not index.in_loop(i) and not made_by_graphmem(index.names[i])}
+    if not out:
+        return out
+    # computed from the step's data, not from variables alone (an optimizer's `momentum *
+    # m`, which Keras' SGD computes before the gradient arrives, is the optimizer's)
+    inputs = [i for i in range(len(index)) if index.ops[i] in _STEP_INPUTS
+              and (index.out_dtypes[i] or [None])[0] != dtypes.RESOURCE]
+    return out & index.descendants(inputs, data_only=True, stop=backward)
 
 
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})

@@ -5,6 +5,9 @@ from __future__ import annotations
 # the scope of the recompute pass's copies: a copy of `a/b` is `graphmem_recompute/<k>/a/b`
 # (named here so the workspace maps copies to their originals without importing a pass)
 COPY_SCOPE = "graphmem_recompute"
+# every op a pass adds has a name component starting with this (graphmem_recompute/,
+# graphmem_swap/, .../graphmem_in_place/, ...)
+OWN_PREFIX = "graphmem_"
 
 # Output indices at or past this are all read as this one (and refused by the index): the
 # compiled reader (graphmem/_native.c, resolve_input) saturates at the same value, so both
@@ -48,6 +51,11 @@ def parse_tensor(text: str) -> tuple[str, int]:
     if control:
         raise ValueError(f"{text!r} names a control input, not a tensor")
     return name, idx
+
+
+def made_by_graphmem(name: str) -> bool:
+    """Whether a pass of graphmem added the op (a copy, a swap, a piece of a sum)."""
+    return name.startswith(OWN_PREFIX) or "/" + OWN_PREFIX in name
 
 
 def original_name(name: str) -> str:
