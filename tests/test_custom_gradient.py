@@ -11,6 +11,7 @@ import pytest
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
 from graphmem.runtime.verify import verify
+from tests.tf2_steps import save_dense_step
 
 LAYERS, WIDTH = 6, 64
 
@@ -18,7 +19,6 @@ LAYERS, WIDTH = 6, 64
 @pytest.fixture(scope="module")
 def custom_grad(tmp_path_factory):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import keras
     import tensorflow as tf
 
     @tf.custom_gradient
@@ -28,31 +28,8 @@ def custom_grad(tmp_path_factory):
             return dy * (inside + 0.01 * (1.0 - inside))
         return tf.clip_by_value(z, 0.0, 6.0), grad
 
-    class Trainer(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.ws = [tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [i, 1]) * 0.2)
-                       for i in range(LAYERS)]
-            self.opt = keras.optimizers.Adam(1e-3)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, WIDTH]),
-                                      tf.TensorSpec([None], tf.int32)])
-        def train_step(self, x, y):
-            with tf.GradientTape() as tape:
-                h = x
-                for w in self.ws:
-                    h = act(tf.matmul(h, w))
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    y, h[:, :10]))
-            grads = tape.gradient(loss, self.ws)
-            self.opt.apply_gradients(zip(grads, self.ws, strict=True))
-            return loss
-
-    trainer = Trainer()
-    trainer.train_step(tf.zeros([2, WIDTH]), tf.zeros([2], tf.int32))
-    path = tmp_path_factory.mktemp("custom_grad") / "model"
-    tf.saved_model.save(trainer, str(path))
-    return path
+    return save_dense_step(tmp_path_factory.mktemp("custom_grad") / "model", act, LAYERS,
+                           WIDTH)
 
 
 def test_early_updates_continue_through_a_custom_gradient(custom_grad, tmp_path):

@@ -23,9 +23,12 @@ from graphmem.runtime.verify import verify
 BATCH = 8
 
 
-def biased_convnet(path: Path, channels=(16, 32, 32, 64), side: int = 32) -> Path:
+def biased_convnet(path: Path, channels=(16, 32, 32, 64), side: int = 32,
+                   unfused_bn: bool = False) -> Path:
     """Convolutions with biases and ReLU (AlexNet's layers, small), max pooling, a dense
-    head with a bias, Momentum with a global step, saved as a .meta with its shapes."""
+    head with a bias, Momentum with a global step, saved as a .meta with its shapes. With
+    `unfused_bn`, each convolution's bias is a batch norm built from `tf.nn.moments` (as
+    Keras builds it where it cannot fuse)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
@@ -40,7 +43,14 @@ def biased_convnet(path: Path, channels=(16, 32, 32, 64), side: int = 32) -> Pat
                                 initializer=v1.glorot_uniform_initializer(seed=i + 1))
             b = v1.get_variable(f"conv{i}/b", [c], use_resource=True,
                                 initializer=v1.constant_initializer(0.01))
-            h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "SAME"), b))
+            h = tf.nn.conv2d(h, w, 1, "SAME")
+            if unfused_bn:
+                gamma = v1.get_variable(f"bn{i}/gamma", [c], use_resource=True,
+                                        initializer=v1.ones_initializer())
+                mean, var = tf.nn.moments(h, [0, 1, 2], name=f"moments{i}")
+                h = tf.nn.relu(tf.nn.batch_normalization(h, mean, var, b, gamma, 1e-3))
+            else:
+                h = tf.nn.relu(tf.nn.bias_add(h, b))
             if i % 2 == 1:
                 h = tf.nn.max_pool2d(h, 2, 2, "VALID")
             c_in = c

@@ -18,6 +18,7 @@ from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
 from graphmem.runtime.verify import verify
+from tests.tf2_steps import save_dense_step
 
 pytestmark = pytest.mark.tf
 
@@ -27,7 +28,6 @@ LAYERS, WIDTH, BATCH = 8, 256, 64
 @pytest.fixture(scope="module")
 def swish_step(tmp_path_factory):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import keras
     import tensorflow as tf
 
     @tf.custom_gradient
@@ -38,31 +38,8 @@ def swish_step(tmp_path_factory):
             return dy * (s * (1.0 + z * (1.0 - s)))
         return z * s, grad
 
-    class Trainer(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.ws = [tf.Variable(tf.random.stateless_normal([WIDTH, WIDTH], [i, 1]) * 0.1)
-                       for i in range(LAYERS)]
-            self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, WIDTH]),
-                                      tf.TensorSpec([None], tf.int32)])
-        def train_step(self, x, y):
-            with tf.GradientTape() as tape:
-                h = x
-                for w in self.ws:
-                    h = swish(tf.matmul(h, w))
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    y, h[:, :10]))
-            grads = tape.gradient(loss, self.ws)
-            self.opt.apply_gradients(zip(grads, self.ws, strict=True))
-            return loss
-
-    trainer = Trainer()
-    trainer.train_step(tf.zeros([2, WIDTH]), tf.zeros([2], tf.int32))
-    path = tmp_path_factory.mktemp("swish") / "model"
-    tf.saved_model.save(trainer, str(path))
-    return path
+    return save_dense_step(tmp_path_factory.mktemp("swish") / "model", swish, LAYERS, WIDTH,
+                           optimizer="sgd", scale=0.1)
 
 
 def test_factors_are_backward_ops(swish_step):

@@ -1,0 +1,42 @@
+"""TF2 train steps saved as SavedModels, for tests: a dense chain whose activation is the
+caller's (a `tf.custom_gradient`, for the tests of how graphmem reads those)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def save_dense_step(path: Path, act, layers: int, width: int, optimizer: str = "adam",
+                    scale: float = 0.2) -> Path:
+    """`layers` square matmuls, each followed by `act`, a softmax cross entropy over the
+    first 10 units; Keras' Adam or SGD with momentum; traced once and saved at `path`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tensorflow as tf
+
+    class Trainer(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = [tf.Variable(tf.random.stateless_normal([width, width], [i, 1]) * scale)
+                       for i in range(layers)]
+            self.opt = keras.optimizers.Adam(1e-3) if optimizer == "adam" else \
+                keras.optimizers.SGD(0.01, momentum=0.9)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, width]),
+                                      tf.TensorSpec([None], tf.int32)])
+        def train_step(self, x, y):
+            with tf.GradientTape() as tape:
+                h = x
+                for w in self.ws:
+                    h = act(tf.matmul(h, w))
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, h[:, :10]))
+            grads = tape.gradient(loss, self.ws)
+            self.opt.apply_gradients(zip(grads, self.ws, strict=True))
+            return loss
+
+    trainer = Trainer()
+    trainer.train_step(tf.zeros([2, width]), tf.zeros([2], tf.int32))
+    tf.saved_model.save(trainer, str(path))
+    return path
