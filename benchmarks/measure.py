@@ -27,18 +27,25 @@ from graphmem.runtime.verify import GraphRun
 ROOT = Path(__file__).resolve().parents[1]  # where `-m benchmarks.measure` is found
 
 
-def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | None = None,
-                 grappler_memory: str | None = None, warmup: int = 0) -> dict:
+def open_runner(path: str, batch: int, threads: int, tag: str | None = None,
+                grappler_memory: str | None = None):
+    """The model at `path` ready to train, as `verify` trains it: (runner, step -> feeds)."""
     ws = Workspace.open(load_model(path, tag=tag))
     spec = RunSpec(batch_size=batch, inter_op_threads=threads,
                    grappler_memory_optimization=grappler_memory)
     runner = make_runner(ws, spec)
     runner.initialize()
-    records = []
-    for step in range(warmup + steps):
-        feeds = runner.feeds(step) if hasattr(runner, "feeds") else make_feeds(
+
+    def feeds(step: int):
+        return runner.feeds(step) if hasattr(runner, "feeds") else make_feeds(
             runner.index, runner.regions, spec, step)
-        records.append(runner.step(feeds))
+    return runner, feeds
+
+
+def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | None = None,
+                 grappler_memory: str | None = None, warmup: int = 0) -> dict:
+    runner, feeds = open_runner(path, batch, threads, tag, grappler_memory)
+    records = [runner.step(feeds(step)) for step in range(warmup + steps)]
     runner.close()
     run = GraphRun(path, records, warmup)  # the steps verify measures, measured its way
     # the highest step after the first (which holds one-time allocations): a training
@@ -70,7 +77,8 @@ def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: 
     return {"peak": int(statistics.median(r["peak"] for r in runs)),
             "seconds": statistics.median(r["seconds"] for r in runs),
             "peaks": [r["peak"] for r in runs],
-            "highests": [r.get("highest", r["peak"]) for r in runs]}
+            "highests": [r.get("highest", r["peak"]) for r in runs],
+            "losses": [r["losses"] for r in runs]}
 
 
 def main() -> None:

@@ -15,19 +15,10 @@ the first graph's (bit for bit: the same feeds and initial values each step).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 
-from benchmarks.measure import ROOT
-
-
-def _run(path: str, batch: int, threads: int, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.measure", path, "--batch", str(batch),
-           "--threads", str(threads), "--steps", str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+from benchmarks.measure import measure
 
 
 def main() -> None:
@@ -44,7 +35,9 @@ def main() -> None:
     for r in range(a.rounds):
         for t in threads:
             for g in a.graphs:
-                res = _run(g, a.batch, t, a.steps)
+                m = measure(g, a.batch, t, a.steps, processes=1)
+                res = {"peak": m["peak"], "seconds": m["seconds"],
+                       "highest": m["highests"][0], "losses": m["losses"][0]}
                 runs.setdefault((t, g), []).append(res)
                 print(f"round {r + 1}, {t} thread(s), {g}: {res['peak'] / 2**20:.0f} MiB, "
                       f"{res['seconds']:.2f} s", file=sys.stderr, flush=True)

@@ -112,19 +112,9 @@ def trace(path: str, batch: int, threads: int, step: int) -> PeakTrace:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
-    from graphmem.formats import load_model
-    from graphmem.graph.workspace import Workspace
-    from graphmem.runtime.train_runner import RunSpec, make_feeds, make_runner
+    from benchmarks.measure import open_runner
 
-    ws = Workspace.open(load_model(path))
-    spec = RunSpec(batch_size=batch, inter_op_threads=threads)
-    runner = make_runner(ws, spec)
-    runner.initialize()
-
-    def feeds(n: int):
-        return runner.feeds(n) if hasattr(runner, "feeds") else make_feeds(
-            runner.index, runner.regions, spec, n)
-
+    runner, feeds = open_runner(path, batch, threads)
     for n in range(step - 1):
         runner.step(feeds(n))
     with tempfile.TemporaryDirectory() as logdir:

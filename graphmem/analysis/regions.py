@@ -233,10 +233,18 @@ def gradient_factors(index: GraphIndex, forward: set[int], backward: set[int],
     if not out:
         return out
     # computed from the step's data, not from variables alone (an optimizer's `momentum *
-    # m`, which Keras' SGD computes before the gradient arrives, is the optimizer's)
-    inputs = [i for i in range(len(index)) if index.ops[i] in _STEP_INPUTS
-              and (index.out_dtypes[i] or [None])[0] != dtypes.RESOURCE]
-    return out & index.descendants(inputs, data_only=True, stop=backward)
+    # m`, which Keras' SGD computes before the gradient arrives, is the optimizer's): the
+    # data comes from forward sources that read no tensor but a resource (a placeholder, a
+    # function's argument, an iterator's next element)
+    sources = [i for i in forward if i not in params and index.ops[i] != "Const"
+               and not _resource(index, (i, 0))
+               and all(_resource(index, t) for t in index.data_inputs[i])]
+    return out & index.descendants(sources, data_only=True, stop=backward)
+
+
+def _resource(index: GraphIndex, t: Tensor) -> bool:
+    types = index.out_dtypes[t[0]] or ()
+    return t[1] < len(types) and types[t[1]] == dtypes.RESOURCE
 
 
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})

@@ -127,8 +127,8 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
     for why, count in plan.kept_blocked.items():
         console.print(f"[yellow]kept[/]: {count} saved activations, not recomputable: {why}")
     if plan.kept_statistics:
-        console.print(f"[yellow]kept[/]: {plan.kept_statistics} saved activations, small "
-                      "statistics (batch- or layer-norm moments, pooled values): not recomputed")
+        console.print(f"[yellow]kept[/]: {plan.kept_statistics} saved activations, batch "
+                      "statistics (an unfused batch norm's moments): not recomputed")
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")
