@@ -112,3 +112,43 @@ def test_slot_products_wait_for_their_gradient(tmp_path):
     r = verify(str(fixture_path("tf2_saved_model")), str(out),
                RunSpec(batch_size=32, grappler=False), 3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0, r.mismatches
+
+
+def _scale_and_offset_graph(side: int):
+    """A Keras-style batch norm's two parameter gradients, side x side activations: the
+    offset's gradient is `Sum(dy)`; the scale's is `Sum(dy * x)`, whose reduction is where
+    the backward chain goes on past the offset's gradient."""
+    from tests.graphbuilder import G
+
+    big = (side, side)
+    g = G()
+    for v in ("beta", "gamma"):
+        g.op(v, "VarHandleOp", shape=())
+        g.op(f"{v}/read", "ReadVariableOp", v, shape=(side,))
+    g.op("x", "Placeholder", shape=big)
+    g.op("y", "Mul", "x", "gamma/read", shape=big)
+    g.op("act", "Relu", "y", shape=big)
+    g.op("loss", "Sum", "act", shape=())
+    g.op("gradient_tape/seed", "Fill", "loss", shape=())
+    g.op("gradient_tape/dy", "ReluGrad", "gradient_tape/seed", "act", shape=big)
+    g.op("gradient_tape/dbeta", "Sum", "gradient_tape/dy", shape=(side,))
+    g.op("gradient_tape/dyx", "Mul", "gradient_tape/dy", "x", shape=big)
+    g.op("gradient_tape/dgamma_sum", "Sum", "gradient_tape/dyx", shape=(side,))
+    g.op("gradient_tape/dgamma", "Reshape", "gradient_tape/dgamma_sum", shape=(side,))
+    for v, grad in (("beta", "gradient_tape/dbeta"), ("gamma", "gradient_tape/dgamma")):
+        g.op(f"apply_{v}", "ResourceApplyGradientDescent", v, grad, shape=())
+    return g
+
+
+def test_a_reduction_of_a_large_input_passes_its_wait_on_to_its_readers():
+    """Keras MobileNetV2 (issue 21): the offset's update was made to hold back the `Sum` of
+    `dy * x`, so a full-size product stayed alive through the update's chain at two
+    threads. A reduction frees its input: the edge goes to what reads its result."""
+    for side, target in ((64, "gradient_tape/dgamma"), (8, "gradient_tape/dgamma_sum")):
+        index = _scale_and_offset_graph(side).index()
+        plan = apply_early_updates(index, analyze_regions(index))
+        assert plan.updates >= 1, plan
+        waiting = [index.names[c] for c in range(len(index))
+                   if index.id_of["apply_beta"] in index.control_inputs[c]]
+        # 64 x 64 reduced to 64 is a reduction worth letting run; 8 x 8 to 8 is not
+        assert waiting == [target], (side, waiting)

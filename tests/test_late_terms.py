@@ -107,3 +107,43 @@ def test_decayed_weights_are_updated_as_soon_as_their_gradient_sum_exists(decaye
         # the chain below layer i: the gradient flowing into layer i-1's relu
         assert any(name.startswith(f"gradients/Relu{'_' + str(i - 1) if i > 1 else ''}_grad")
                    for name in waiting), waiting
+
+
+def test_a_broadcast_gradient_sized_from_a_shape_op_is_deferred(monkeypatch):
+    """A batch norm's mean gradient (Keras, unfused): a per-channel value broadcast to the
+    activation's shape and divided by its element count, both read from `Shape` ops of the
+    activation, joins the other two full-size terms of dx. TF ran it first, beside them
+    (Keras MobileNetV2 at two threads: a fifth full-size buffer at the peak). A shape op
+    reads only its input's metadata and makes a few bytes: it is an outside input of the
+    chain, not part of it, so the full-size activation behind it does not stop the wait."""
+    big = (32, 32)
+    g = G()
+    g.op("x", "Placeholder", shape=big)
+    g.op("act", "Relu", "x", shape=big)
+    g.op("loss", "Sum", "act", shape=())
+    g.op("gradients/seed", "Fill", "loss", shape=())
+    g.op("gradients/dact", "ReluGrad", "gradients/seed", "act", shape=big)
+    g.op("gradients/late", "Mul", "gradients/dact", "act", shape=big)
+    g.op("gradients/dmean", "Sum", "gradients/dact", shape=(32,))  # also an offset's gradient
+    g.op("gradients/shape", "Shape", "act", shape=(2,))
+    g.op("gradients/count", "Prod", "gradients/shape", shape=())
+    g.op("gradients/n", "Cast", "gradients/count", shape=())
+    g.op("gradients/broadcast", "BroadcastTo", "gradients/dmean", "gradients/shape", shape=big)
+    g.op("gradients/term", "RealDiv", "gradients/broadcast", "gradients/n", shape=big)
+    g.op("gradients/AddN", "AddN", "gradients/late", "gradients/term", shape=big)
+    for v, grad in (("w", "gradients/AddN"), ("b", "gradients/dmean")):
+        g.op(v, "VarHandleOp", shape=())
+        g.op(f"apply_{v}", "ResourceApplyGradientDescent", v, grad, shape=())
+    index = g.index()
+    plan = apply_late_terms(index, analyze_regions(index), None)
+    assert plan.terms == 1 and plan.bytes == 32 * 32 * 4
+    late = index.id_of["gradients/late"]
+    waiting = {index.names[c] for c in range(len(index)) if late in index.control_inputs[c]}
+    assert waiting == {"gradients/broadcast", "gradients/count"}  # the shape op runs early
+    # the contrast: with the shape op taken into the chain, the activation it reads
+    # would be held longer, so the term stayed where it was
+    import graphmem.passes.late_terms as lt
+
+    monkeypatch.setattr(lt, "SHAPE_ONLY_OPS", frozenset())
+    index = g.index()
+    assert apply_late_terms(index, analyze_regions(index), None).terms == 0

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
 from graphmem.analysis.towers import is_collective
 from graphmem.graph.devices import normalize_device
@@ -86,11 +87,14 @@ class _Update:
 
 
 def apply_early_updates(index: GraphIndex, regions: Regions,
-                        checkpoints: list[int] = (), backward_scopes=None) -> EarlyUpdatesPlan:
+                        checkpoints: list[int] = (), backward_scopes=None,
+                        batch_size: int | None = None) -> EarlyUpdatesPlan:
     """Add the edges to the graph and to `index` (no re-index needed). `checkpoints`: the
     forward ops a recompute pass kept, which the rewritten backward pass reads (landmarks
-    for the ordering questions)."""
+    for the ordering questions); `batch_size` sizes the ops that would wait (a reduction
+    passes its wait on to its readers: `_past_reduction`)."""
     plan = EarlyUpdatesPlan()
+    sizes = index.output_bytes(batch_size)
     in_scope = scope_matcher(backward_scopes)
     updates: list[_Update] = []
     for i in sorted(regions.optimizer, key=index.position.__getitem__):
@@ -137,8 +141,9 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
             continue
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
-        chain = [x for g in _gradients(u) for x in
-                 _next_in_chain(index, g, a, backward, in_scope)]
+        chain = [y for g in _gradients(u) for x in
+                 _next_in_chain(index, g, a, backward, in_scope)
+                 for y in _past_reduction(index, sizes, backward, x)]
         targets = [x for x in dict.fromkeys(chain) if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
@@ -448,6 +453,23 @@ def _next_in_chain(index: GraphIndex, core: int, a: int, backward: set[int],
     return sorted(out)
 
 
+def _past_reduction(index: GraphIndex, sizes, backward: set[int], x: int) -> list[int]:
+    """The ops that wait for an update in place of x: x itself, or, when x reduces a large
+    input to a small result (a batch norm's `Sum` of `dy * x`, its scale's gradient), the
+    backward ops that read x. Running a reduction frees its input and allocates almost
+    nothing, so making it wait only holds the input (a full-size activation gradient)
+    through the update's chain; its readers hold the chain back as well."""
+    if index.ops[x] not in REDUCTION_OPS and index.ops[x] != "BiasAddGrad":
+        return [x]
+    out = [b for b in sizes(x) if b is not None]
+    largest = max((sizes(s)[k] or 0 for s, k in index.data_inputs[x]), default=0)
+    readers = [c for c in index.data_consumers(x) if c in backward]
+    if not readers or len(out) != len(sizes(x)) or sum(out) * _SHRINK > largest:
+        return [x]
+    return readers
+
+
+_SHRINK = 16  # a reduction whose result is at most 1/16 of its input
 _CHAIN_LEVELS = 8  # levels of a gradient's private chain walked up (Keras BN: 3)
 _NOT_GRADIENTS = SHAPE_ONLY_OPS | {"Const", "HostConst"}  # shape inputs of a Reshape, ...
 
@@ -496,4 +518,4 @@ class EarlyUpdatesPass(Pass):
         kept = [index.id_of[name.rsplit(":", 1)[0]] for name in context.checkpoints
                 if name.rsplit(":", 1)[0] in index.id_of]
         return apply_early_updates(index, context.regions, kept,
-                                   context.options.backward_scopes)
+                                   context.options.backward_scopes, context.options.batch_size)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphmem.analysis.regions import Regions, is_parameter_read
-from graphmem.graph.index import SUM_OPS, GraphIndex, closing_cycles
+from graphmem.graph.index import SHAPE_ONLY_OPS, SUM_OPS, GraphIndex, closing_cycles
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 MIN_BYTES = 4096  # smaller terms are not worth an edge
@@ -103,7 +103,8 @@ def _private_chain(index: GraphIndex, backward: set[int], sizes, s: int, k: int,
         for p, pk in index.data_inputs[q]:
             if p in chain:
                 continue
-            if len(chain) < MAX_CHAIN and _movable(index, backward, p, chain):
+            if len(chain) < MAX_CHAIN and index.ops[p] not in SHAPE_ONLY_OPS and \
+                    _movable(index, backward, p, chain):
                 chain.add(p)
                 stack.append(p)
             elif not _cheap(index, sizes, p, pk, term):
