@@ -193,7 +193,7 @@ def _run_passes(ws: Workspace, index, regions, facts, choice: CheckpointChoice,
 
 def _early_updates(plans: dict[str, PassPlan]) -> EarlyUpdatesPlan | None:
     """The early-updates plan as the report presents it: with the results of the schedule
-    passes that run before it (IdentityN split, loop sums, late terms)."""
+    passes that run before it (IdentityN split, loop sums, last readers, late terms)."""
     early = plans.get("early updates")
     if early is None:
         return None
@@ -201,6 +201,8 @@ def _early_updates(plans: dict[str, PassPlan]) -> EarlyUpdatesPlan | None:
     late = plans["late terms"]
     early.late_terms, early.late_term_bytes = late.terms, late.bytes
     early.loop_sums_held = plans["loop sums"].held
+    readers = plans["last readers"]
+    early.last_readers, early.last_reader_bytes = readers.tensors, readers.bytes
     return early
 
 

@@ -63,7 +63,9 @@ class EarlyUpdatesPlan(PassPlan):
     late_terms: int = 0  # weight-decay terms made to wait for their gradient (late_terms.py)
     late_term_bytes: int = 0
     loop_sums_held: int = 0  # v1 gradient-loop terms made to wait for their sum (loop_sums.py)
-    # (the last three and split_identityn are the schedule passes' results, which the
+    last_readers: int = 0  # tensors an element-wise reader now writes in place (last_readers.py)
+    last_reader_bytes: int = 0
+    # (the last five and split_identityn are the schedule passes' results, which the
     # report presents with this plan: the driver fills them in)
 
     @property

@@ -21,6 +21,7 @@ from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 from graphmem.passes.early_updates import EarlyUpdatesPass
 from graphmem.passes.fusion_guard import FusionGuardPass
 from graphmem.passes.in_place_terms import InPlaceTermsPass
+from graphmem.passes.last_readers import LastReadersPass
 from graphmem.passes.late_terms import LateTermsPass
 from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
@@ -32,8 +33,8 @@ from graphmem.passes.swap import SwapPass
 # the order matters: recompute plans on the original graph's saved activations; the loop
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
 # what recompute kept; large weight-decay terms are then added into their gradients in
-# pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, late
-# weight-decay terms, early updates) come next, as they order what the others made; the
+# pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
+# last readers, late weight-decay terms, early updates) come next, as they order what the others made; the
 # fusion guard checks the result as TF will run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
@@ -43,6 +44,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     InPlaceTermsPass(),
     SplitIdentityNPass(),
     LoopSumsPass(),
+    LastReadersPass(),
     LateTermsPass(),
     EarlyUpdatesPass(),
     FusionGuardPass(),

@@ -155,6 +155,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
             console.print(f"loop sums: {e.loop_sums_held} weight-gradient terms in v1 gradient "
                           "loops wait for their running sum (iterations no longer run ahead "
                           "holding them)")
+        if e.last_readers:
+            console.print(f"last readers: {e.last_readers} gradients are read last by an "
+                          "element-wise op, which writes into their buffer "
+                          f"({format_bytes(e.last_reader_bytes)} no longer allocated beside them)")
         if e.late_terms:
             console.print(f"late terms: {e.late_terms} weight-decay terms are computed just "
                           f"before the gradient they are added to ({format_bytes(e.late_term_bytes)}"
