@@ -52,7 +52,8 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
     # run's peak, warm-up and steady state both when the run is long enough
     highest = max((r.peak_bytes for r in records[1:]), default=run.measured_peak_bytes)
     return {"peak": run.measured_peak_bytes, "seconds": run.median_step_seconds,
-            "losses": [r.loss for r in records[warmup:]], "highest": highest}
+            "losses": [r.loss for r in records[warmup:]], "highest": highest,
+            "steps": [r.peak_bytes for r in records]}  # every step's, the first included
 
 
 def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: int = 3,
