@@ -2,6 +2,7 @@
 
     python -m benchmarks.side_by_side ORIGINAL REWRITE [REWRITE ...] --batch N
                                       [--threads 1,2] [--rounds 3] [--steps 5]
+                                      [--warmup 0]
 
 For comparing two rewrites of one model (two checkouts, two options) without building it
 again: each round runs every graph once per thread setting, in turns, each in a fresh
@@ -9,7 +10,9 @@ process (`benchmarks.measure`: median step peak above resident memory, first ste
 out), so that a machine's slow minute falls on all of them. Prints, per thread setting and
 graph, each process's peak, the median's ratio to the first graph's median, the step-time
 ratio likewise, the highest step of any process, and whether every process's losses equal
-the first graph's (bit for bit: the same feeds and initial values each step).
+the first graph's (bit for bit: the same feeds and initial values each step). With
+`--warmup 100` the median is of the steps after TF's warm-up (its steady state), and the
+highest step is over the whole run, warm-up included.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="inter-op thread settings")
     ap.add_argument("--rounds", type=int, default=3, help="processes per graph and setting")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="steps run before the measured ones (100: TF's steady state)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     runs: dict[tuple[int, str], list[dict]] = {}
     for r in range(a.rounds):
         for t in threads:
             for g in a.graphs:
-                m = measure(g, a.batch, t, a.steps, processes=1)
+                m = measure(g, a.batch, t, a.steps, processes=1, warmup=a.warmup)
                 res = {"peak": m["peak"], "seconds": m["seconds"],
                        "highest": m["highests"][0], "losses": m["losses"][0]}
                 runs.setdefault((t, g), []).append(res)
