@@ -31,5 +31,14 @@ class G:
                 node.attr[key].s = value
         return node
 
+    def relu_loss(self, inp: str, shape, scope: str = "gradients", dy: str = "dy") -> str:
+        """`act = Relu(inp)`, a scalar loss summed from it, and the loss's gradient back
+        through the Relu (`{scope}/{dy}`, returned): the start of a backward pass."""
+        self.op("act", "Relu", inp, shape=shape)
+        self.op("loss", "Sum", "act", shape=())
+        self.op(f"{scope}/seed", "Fill", "loss", shape=())
+        self.op(f"{scope}/{dy}", "ReluGrad", f"{scope}/seed", "act", shape=shape)
+        return f"{scope}/{dy}"
+
     def index(self) -> GraphIndex:
         return GraphIndex.build(self.graph_def, OpRegistry(use_tensorflow=False))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from graphmem.analysis.regions import Regions, analyze_regions
-from graphmem.graph.index import GraphIndex, Tensor
+from graphmem.graph.index import GraphIndex, Tensor, closing_cycles
 from graphmem.graph.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -38,6 +38,20 @@ class Edits(enum.Enum):
     # (`add_control_edges`, `remove_control_edges`): node ids stay, and the regions stay
     # what the estimate reads
     CONTROL_EDGES = "control edges"
+
+
+def add_edge_groups(index: GraphIndex, edges: dict) -> list[tuple[int, int]]:
+    """Add the control edges of `edges` (key -> its (source, destination) pairs) to the
+    graph and the index in place, less the groups that would close a cycle, alone or with
+    the others (deleted from `edges`). Returns the edges added."""
+    for key in closing_cycles(index, edges):
+        del edges[key]
+    added = [e for group in edges.values() for e in group]
+    for src, dst in added:
+        index.graph_def.node[dst].input.append("^" + index.names[src])
+    if added:
+        index.add_control_edges(added)
+    return added
 
 
 class PassPlan:

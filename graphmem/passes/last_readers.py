@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from graphmem.analysis.memory import FORWARDING_OPS
 from graphmem.analysis.regions import Regions
-from graphmem.graph.index import GraphIndex, closing_cycles
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.graph.index import GraphIndex
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups
 
 MIN_BYTES = 1 << 20  # smaller tensors are not worth an edge
 
@@ -74,14 +74,7 @@ def apply_last_readers(index: GraphIndex, regions: Regions,
         if new:
             edges[(i, k)] = new
             saved[(i, k)] = b
-    for key in closing_cycles(index, edges):
-        del edges[key]
-    added = [e for es in edges.values() for e in es]
-    g = index.graph_def
-    for src, dst in added:
-        g.node[dst].input.append("^" + index.names[src])
-    if added:
-        index.add_control_edges(added)
+    add_edge_groups(index, edges)
     plan.tensors = len(edges)
     plan.bytes = sum(saved[key] for key in edges)
     return plan

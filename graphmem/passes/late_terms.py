@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphmem.analysis.regions import Regions, is_parameter_read
-from graphmem.graph.index import SHAPE_ONLY_OPS, SUM_OPS, GraphIndex, closing_cycles
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.graph.index import SHAPE_ONLY_OPS, SUM_OPS, GraphIndex
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups
 
 MIN_BYTES = 4096  # smaller terms are not worth an edge
 MAX_CHAIN = 8  # ops in a deferred chain: decay terms are one to three element-wise ops
@@ -72,14 +72,7 @@ def apply_late_terms(index: GraphIndex, regions: Regions,
             if new:
                 edges.setdefault(j, []).extend(new)
                 deferred.setdefault(j, []).append(sizes(s)[k] or 0)
-    for j in closing_cycles(index, edges):
-        del edges[j]
-    added = [e for j in edges for e in edges[j]]
-    g = index.graph_def
-    for src, dst in added:
-        g.node[dst].input.append("^" + index.names[src])
-    if added:
-        index.add_control_edges(added)
+    add_edge_groups(index, edges)
     plan.terms = sum(len(deferred[j]) for j in edges)
     plan.bytes = sum(sum(deferred[j]) for j in edges)
     return plan
