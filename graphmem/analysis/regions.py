@@ -243,8 +243,7 @@ def gradient_factors(index: GraphIndex, forward: set[int], backward: set[int],
 
 
 def _resource(index: GraphIndex, t: Tensor) -> bool:
-    types = index.out_dtypes[t[0]] or ()
-    return t[1] < len(types) and types[t[1]] == dtypes.RESOURCE
+    return index.dtype(t) == dtypes.RESOURCE
 
 
 _ACCUMULATOR_OPS = frozenset({"EmptyTensorList", "TensorListReserve"})

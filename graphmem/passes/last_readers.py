@@ -15,8 +15,8 @@ A tensor qualifies when it is made in the backward pass, is at least MIN_BYTES, 
 readers are plain backward ops on its device that always run. The element-wise reader must
 make an output of the tensor's size and dtype (so that it can take the buffer); of several,
 the one TF's order puts last. The other readers must not wait for anything the tensor's
-producer does not (their other inputs come before it in topological order, or are small),
-so that the edges only order ops that are ready together: nothing is held back behind a
+producer does not (their other inputs come before it in topological order, or are
+constants), so that the edges only order ops that are ready together: nothing is held back behind a
 long chain. Edges of all tensors are checked for cycles together (one Kahn pass). Only the
 order changes, never a value.
 """
@@ -61,9 +61,9 @@ def apply_last_readers(index: GraphIndex, regions: Regions,
         if b is None or b < MIN_BYTES or len(readers) < 2 or \
                 not all(_plain(index, backward, r, i) for r in readers):
             continue
-        dtype = _dtype(index, i, k)
+        dtype = index.dtype((i, k))
         takers = [r for r in readers if index.ops[r] in FORWARDING_OPS
-                  and sizes(r) and sizes(r)[0] == b and _dtype(index, r, 0) == dtype]
+                  and sizes(r) and sizes(r)[0] == b and index.dtype((r, 0)) == dtype]
         if not takers:
             continue
         last = max(takers, key=position.__getitem__)
@@ -96,11 +96,6 @@ def _ready_with(index: GraphIndex, r: int, producer: int) -> bool:
     return all(s == producer or index.position[s] < before or index.ops[s] == "Const"
                for s, _ in index.data_inputs[r]) and \
         all(index.position[c] < before for c in index.control_inputs[r])
-
-
-def _dtype(index: GraphIndex, i: int, k: int):
-    types = index.out_dtypes[i] or ()
-    return types[k] if k < len(types) else None
 
 
 # ---- the pass, under the pipeline's contract (base.py) ---------------------------------

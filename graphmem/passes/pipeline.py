@@ -34,8 +34,8 @@ from graphmem.passes.swap import SwapPass
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
 # what recompute kept; large weight-decay terms are then added into their gradients in
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
-# last readers, late weight-decay terms, early updates) come next, as they order what the others made; the
-# fusion guard checks the result as TF will run it, with ops it merges as one
+# last readers, late weight-decay terms, early updates) come next, as they order what the
+# others made; the fusion guard checks the result as TF will run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
     LoopRecomputePass(),
