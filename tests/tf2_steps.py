@@ -40,3 +40,42 @@ def save_dense_step(path: Path, act, layers: int, width: int, optimizer: str = "
     trainer.train_step(tf.zeros([2, width]), tf.zeros([2], tf.int32))
     tf.saved_model.save(trainer, str(path))
     return path
+
+
+def save_batch_norm_step(path: Path, size: int = 4, channels: int = 1024) -> Path:
+    """Keras convolutions, each with a batch norm (built unfused) and ReLU6, global
+    pooling and a dense layer, trained by Keras' SGD with momentum: the tail of a
+    MobileNetV2. The last batch norm has `channels` (at least 1024) channels, so that its
+    momentum product is held back for its gradient (passes/early_updates.py)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tensorflow as tf
+
+    class Trainer(tf.Module):
+        def __init__(self):
+            super().__init__()
+            keras.utils.set_random_seed(0)
+            self.model = keras.Sequential([
+                keras.Input((size, size, 3)),
+                keras.layers.Conv2D(16, 3, padding="same", use_bias=False),
+                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
+                keras.layers.Conv2D(channels, 1, use_bias=False),
+                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
+                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+            self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3]),
+                                      tf.TensorSpec([None], tf.int32)])
+        def train_step(self, x, y):
+            with tf.GradientTape() as tape:
+                logits = self.model(x, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    y, logits))
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.opt.apply_gradients(zip(grads, self.model.trainable_variables, strict=True))
+            return loss
+
+    trainer = Trainer()
+    trainer.train_step(tf.zeros([2, size, size, 3]), tf.zeros([2], tf.int32))
+    tf.saved_model.save(trainer, str(path))
+    return path

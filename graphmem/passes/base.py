@@ -54,6 +54,20 @@ def add_edge_groups(index: GraphIndex, edges: dict) -> list[tuple[int, int]]:
     return added
 
 
+def remove_edges(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
+    """Remove the control edges (source, destination) from the graph and the index in
+    place (removing edges keeps every topological order valid)."""
+    g = index.graph_def
+    for u, v in edges:
+        node = g.node[v]
+        text = "^" + index.names[u]
+        kept = [x for x in node.input if x != text]
+        del node.input[:]
+        node.input.extend(kept)
+    if edges:
+        index.remove_control_edges(edges)
+
+
 class PassPlan:
     """What every plan answers, whatever its own fields. Plans are dataclasses; these are
     properties, not fields, so that a plan's JSON form stays its own fields."""

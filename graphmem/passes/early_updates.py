@@ -308,15 +308,25 @@ def _why_not_movable(index: GraphIndex, reach: Reachability, step: set[int],
 
 def _value_readers(index: GraphIndex, reach: Reachability, step: set[int],
                    a: int) -> list[int]:
-    """Backward readers of the variable's value that the update does not wait for yet
-    (the `dx = dy . W^T` matmul reading the forward read of W). A resource variable
-    updated while a read's tensor is still referenced is copied first (copy on write), so
-    an update running before them costs a transient copy of the variable: wait for them.
+    """Readers of the variable's value that the update does not wait for yet (the backward
+    `dx = dy . W^T` matmul reading the forward read of W). A resource variable updated
+    while a read's tensor is still referenced is copied first (copy on write), so an update
+    running before them costs a transient copy of the variable: wait for them.
+
+    A ref variable (TF1) is updated in place, and its read aliases its buffer, so a reader
+    running after the update would read the new value. Every reader the graph orders
+    before the update does so through the loss, and for some only through the gradient's
+    seed, `Fill(Shape(loss))`: Grappler folds the shape of a scalar to a constant, and the
+    order goes with it (tf-slim Inception v3: the weight-decay `L2Loss` of a weight updated
+    early read the updated weight, and the step's loss moved by a rounding step). So an
+    update of a ref variable waits for every reader of its value explicitly.
+
     Only readers that provably do not depend on the update (no cycle), and that the step
     runs (an edge from an op a pass left unread would make TF run it again)."""
     variable = _variable_of(index, a)
-    if variable is None or index.ops[variable] not in ("_Arg", "VarHandleOp"):
-        return []  # ref variables (TF1) are updated in place, never copied
+    if variable is None:
+        return []
+    ref = index.ops[variable] not in ("_Arg", "VarHandleOp")
     out = []
     for r in _accesses_of(index, variable, a):
         if index.ops[r] not in ("ReadVariableOp", "Identity") or index.in_loop(r):
@@ -329,7 +339,7 @@ def _value_readers(index: GraphIndex, reach: Reachability, step: set[int],
                 continue
             if index.position[c] > index.position[a] and reach.reaches(a, c) is not False:
                 continue  # c may depend on the update: an edge c -> a could close a cycle
-            if reach.reaches(c, a) is False:
+            if reach.reaches(c, a) is False or (ref and reach.reaches(a, c) is False):
                 out.append(c)
     return sorted(set(out))
 

@@ -24,7 +24,7 @@ from graphmem.analysis.kernel_fusions import fused_pairs
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph.index import GraphIndex
 from graphmem.graph.names import COPY_SCOPE
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, remove_edges
 
 
 @dataclass
@@ -53,14 +53,7 @@ def apply_fusion_guard(index: GraphIndex, original: GraphIndex, original_regions
             plan.pairs_left += 1
         else:
             removed.update(cut)
-    g = index.graph_def
-    for u, v in removed:
-        node = g.node[v]
-        text = "^" + index.names[u]
-        kept = [x for x in node.input if x != text]
-        del node.input[:]
-        node.input.extend(kept)
-    index.remove_control_edges(sorted(removed))
+    remove_edges(index, sorted(removed))
     plan.edges_removed = len(removed)
     return plan
 

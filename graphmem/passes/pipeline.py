@@ -27,6 +27,7 @@ from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
 from graphmem.passes.loop_sums import LoopSumsPass
 from graphmem.passes.recompute import RecomputePass
+from graphmem.passes.regroup_guard import RegroupGuardPass
 from graphmem.passes.split_identityn import SplitIdentityNPass
 from graphmem.passes.swap import SwapPass
 
@@ -35,7 +36,9 @@ from graphmem.passes.swap import SwapPass
 # what recompute kept; large weight-decay terms are then added into their gradients in
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
 # last readers, late weight-decay terms, early updates) come next, as they order what the
-# others made; the fusion guard checks the result as TF will run it, with ops it merges as one
+# others made; the regroup guard keeps their edges off the sums and products Grappler
+# regroups (which would round differently); the fusion guard checks the result as TF will
+# run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
     LoopRecomputePass(),
@@ -47,6 +50,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     LastReadersPass(),
     LateTermsPass(),
     EarlyUpdatesPass(),
+    RegroupGuardPass(),
     FusionGuardPass(),
 )
 

@@ -41,6 +41,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "reverted": result.reverted,
         "early_updates": result.early,
         "in_place_terms": result.passes.get("in-place terms"),
+        "regroup_guard": result.passes.get("regroup guard"),
         "fusion_guard": result.passes.get("fusion guard"),
         "loop_bodies_v1": _loops_v1_doc(result),
         "budget": None if result.budget is None else {
@@ -168,6 +169,13 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"in-place terms: {len(in_place.terms)} weight-decay terms are added into "
                       f"their gradient in {in_place.pieces} pieces "
                       f"({format_bytes(in_place.bytes)} no longer allocated beside it)")
+    regroup = result.passes.get("regroup guard")
+    if regroup is not None and (regroup.changed or regroup.trees_changed):
+        console.print(f"regroup guard: {regroup.edges_moved} ordering edges moved and "
+                      f"{regroup.edges_dropped} left out, off {regroup.trees} sums and "
+                      "products TensorFlow regroups (an edge on one would change its "
+                      "rounding)" + (f"; {regroup.trees_changed} still differ and may round "
+                                     "differently" if regroup.trees_changed else ""))
     guard = result.passes.get("fusion guard")
     if guard is not None and guard.edges_removed:
         console.print(f"fusion guard: {guard.edges_removed} ordering edges left out (each "

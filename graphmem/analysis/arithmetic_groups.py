@@ -1,0 +1,158 @@
+"""Sums and products that Grappler regroups, and so rounds differently, when a session starts.
+
+Why it matters: Grappler's arithmetic optimizer collects a tree of `Mul` ops
+(MinimizeBroadcasts) or of `Add`/`AddV2`/`AddN` ops (AddOpsRewrite) whose inner ops each
+have one reader, and rebuilds it with the operands sorted by shape. Float multiplication
+and addition are not associative, so the rebuilt tree rounds differently from the tree as
+written, and TF trains with the rebuilt one. Both stages leave out an op that has a control
+input or output (and AddOpsRewrite a root that has one). An ordering edge that a pass adds
+to an op of such a tree therefore changes what TF computes by a rounding step: on Keras
+MobileNetV2, an early update's edge from the last batch norm's scale gradient
+(`Mul(AddN, Rsqrt)`) kept Grappler from regrouping it with the optimizer's `grad * lr`.
+The momentum differed in its last bit from the first step, the weights from step 52, the
+loss from step 55. With Grappler off the same graph trained bit for bit.
+
+`regrouped_trees` finds, in the graph as the user wrote it, the trees Grappler may rebuild
+in a different order; passes/regroup_guard.py then keeps the rewrite's edges off their
+ops. The model is a superset of Grappler's conditions where it is unsure (unknown shapes,
+preserved fetches): guarding a tree Grappler leaves alone only costs an ordering edge.
+A tree whose operands all have one shape and that is summed left to right is left out:
+MinimizeBroadcasts skips one shape, and AddOpsRewrite's `AddN` of the operands in order
+adds them in the same order as the tree.
+Cost: one pass over the nodes, and a walk up each tree from its root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphmem.graph import dtypes
+from graphmem.graph.index import GraphIndex, Tensor
+
+MUL = "mul"
+ADD = "add"
+_FAMILY = {"Mul": MUL, "Add": ADD, "AddV2": ADD, "AddN": ADD}
+# ops Grappler's pruner removes before the arithmetic optimizer runs (their readers then
+# read their input), when they have no control edges
+FORWARDERS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
+MAX_FORWARDERS = 8
+
+
+@dataclass
+class RegroupedTree:
+    """A tree of one family's ops that Grappler may rebuild in another order."""
+
+    family: str  # MUL or ADD
+    root: int  # the op whose result the tree computes
+    members: list[int]  # the inner ops Grappler folds into the root's group
+    forwarders: list[int]  # Identity-like ops between a member and its reader
+
+
+def family(index: GraphIndex, i: int) -> str | None:
+    """MUL or ADD for a float multiply or sum op, else None (integer ops are exact)."""
+    f = _FAMILY.get(index.ops[i])
+    if f is None:
+        return None
+    dtype = index.dtype((i, 0))
+    return f if dtype is None or dtypes.base(dtype) in dtypes.FLOATS else None
+
+
+def live_reads(index: GraphIndex, t: Tensor) -> list[tuple[int, int]]:
+    """(reader, input position) of each read of tensor t, less those of a forwarder whose
+    output nothing reads (Grappler prunes them; an IdentityN hands input k to output k)."""
+    reads = []
+    for r in dict.fromkeys(index.consumers.get(t, [])):
+        for p, s in enumerate(index.data_inputs[r]):
+            if s == t and not _dead_output(index, r, p):
+                reads.append((r, p))
+    return reads
+
+
+def _dead_output(index: GraphIndex, r: int, p: int) -> bool:
+    if index.ops[r] not in FORWARDERS or index.control_consumers[r]:
+        return False
+    return not index.consumers.get((r, p if index.ops[r] == "IdentityN" else 0))
+
+
+def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True
+                              ) -> tuple[int, int, list[int]] | None:
+    """(reader, input position, forwarders on the way) when tensor t is read once (by a
+    live read), looking through forwarders (without control edges, when `free`) that
+    hand it on to one read; else None."""
+    passed: list[int] = []
+    for _ in range(MAX_FORWARDERS):
+        reads = live_reads(index, t)
+        if len(reads) != 1:
+            return None
+        r, position = reads[0]
+        if index.ops[r] not in FORWARDERS:
+            return r, position, passed
+        if free and not _free(index, r):
+            return None
+        passed.append(r)
+        t = (r, position if index.ops[r] == "IdentityN" else 0)
+    return None
+
+
+def _free(index: GraphIndex, i: int) -> bool:
+    return not index.control_inputs[i] and not index.control_consumers[i]
+
+
+def regrouped_trees(index: GraphIndex) -> list[RegroupedTree]:
+    """The trees of `index` that Grappler's arithmetic optimizer may rebuild in an order
+    that rounds differently (see the module docstring)."""
+    # member -> (its reader, position it is read at, forwarders between)
+    folded: dict[int, tuple[int, int, list[int]]] = {}
+    for i in range(len(index)):
+        f = family(index, i)
+        if f is None or not _free(index, i):
+            continue
+        found = reader_through_forwarders(index, (i, 0))
+        if found is None:
+            continue
+        reader, _, _ = found
+        if family(index, reader) != f or index.devices[reader] != index.devices[i]:
+            continue
+        if f == ADD and not _free(index, reader):
+            continue  # AddOpsRewrite leaves a tree alone whose root has control edges
+        folded[i] = found
+    children: dict[int, list[int]] = {}
+    for m, (reader, _, _) in folded.items():
+        children.setdefault(reader, []).append(m)
+    trees = []
+    for root in children:
+        if root in folded:
+            continue  # an inner op: its tree is collected from the outermost root
+        members: list[int] = []
+        forwarders: list[int] = []
+        todo = [root]
+        while todo:
+            n = todo.pop()
+            for m in children.get(n, ()):
+                members.append(m)
+                forwarders.extend(folded[m][2])
+                todo.append(m)
+        tree = RegroupedTree(family(index, root) or MUL, root, members, forwarders)
+        if _reorders(index, tree, folded):
+            trees.append(tree)
+    return trees
+
+
+def _reorders(index: GraphIndex, tree: RegroupedTree,
+              folded: dict[int, tuple[int, int, list[int]]]) -> bool:
+    """Whether rebuilding the tree can change its rounding: its operands have more than
+    one shape (or one of unknown rank), or it is a sum that is not added left to right."""
+    inside = set(tree.members) | set(tree.forwarders) | {tree.root}
+    shapes = set()
+    for n in [tree.root, *tree.members]:
+        for s in index.data_inputs[n]:
+            if s[0] in inside:
+                continue
+            shape = index.shape(s)
+            if shape is None:
+                return True  # unknown rank: assume it differs
+            shapes.add(tuple(shape))  # unknown sizes compare as written (a batch of -1)
+    if len(shapes) > 1:
+        return True
+    return tree.family == ADD and any(folded[m][1] != 0 for m in tree.members)
+
