@@ -1,7 +1,8 @@
 """Measure one graph's training step in a fresh process: `python -m benchmarks.measure MODEL`.
 
-Prints one JSON line: the median step peak above resident memory (first step left out) and
-the median step time. Separate processes matter: the executor's order of independent ops,
+Prints one JSON line: the median step peak above resident memory (first step left out), the
+median step time, every step's loss and peak, and a digest of the variables after the run
+(equal losses and digests: trained bit for bit alike). Separate processes matter: the executor's order of independent ops,
 and with it the peak, changes from one process to the next.
 
 `--warmup N` runs N steps before the measured ones. TF's executor takes every kernel for
@@ -13,6 +14,7 @@ the peak, of a training run's first steps and of its steady state can differ.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import subprocess
@@ -46,6 +48,7 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
                  grappler_memory: str | None = None, warmup: int = 0) -> dict:
     runner, feeds = open_runner(path, batch, threads, tag, grappler_memory)
     records = [runner.step(feeds(step)) for step in range(warmup + steps)]
+    digest = variables_digest(runner.variables())
     runner.close()
     run = GraphRun(path, records, warmup)  # the steps verify measures, measured its way
     # the highest step after the first (which holds one-time allocations): a training
@@ -53,7 +56,18 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
     highest = max((r.peak_bytes for r in records[1:]), default=run.measured_peak_bytes)
     return {"peak": run.measured_peak_bytes, "seconds": run.median_step_seconds,
             "losses": [r.loss for r in records[warmup:]], "highest": highest,
-            "steps": [r.peak_bytes for r in records]}  # every step's, the first included
+            "steps": [r.peak_bytes for r in records],  # every step's, the first included
+            "digest": digest}
+
+
+def variables_digest(values: dict) -> str:
+    """A hash of every variable's bytes after the run: two runs trained bit for bit alike
+    when their digests (and losses) are equal."""
+    h = hashlib.sha256()
+    for name in sorted(values):
+        h.update(name.encode())
+        h.update(values[name].tobytes())
+    return h.hexdigest()[:16]
 
 
 def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: int = 3,
@@ -79,7 +93,8 @@ def measure(path: str, batch: int, threads: int = 1, steps: int = 6, processes: 
             "seconds": statistics.median(r["seconds"] for r in runs),
             "peaks": [r["peak"] for r in runs],
             "highests": [r.get("highest", r["peak"]) for r in runs],
-            "losses": [r["losses"] for r in runs]}
+            "losses": [r["losses"] for r in runs],
+            "digests": [r.get("digest") for r in runs]}
 
 
 def main() -> None:
