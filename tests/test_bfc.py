@@ -69,3 +69,50 @@ def test_the_estimate_counts_the_chunks_a_chain_gets():
     assert estimate_memory(ix, allocator=False).peak_bytes == 32 * KIB
     est = estimate_memory(ix)
     assert est.peak_bytes == 16 * KIB + 24 * KIB and est.peak_op == "a3"
+
+
+def test_a_variable_that_takes_a_buffer_frees_its_old_chunk():
+    """Keras' slot updates: `AssignVariableOp` moves its value's buffer into the variable.
+    The variable's old chunk is freed then and the value's chunk stays allocated after the
+    step (its own free is left alone): the next step starts from another state."""
+    from graphmem.analysis.bfc import ADOPT, _run_step
+
+    a = BFCAllocator()
+    owned = [(a, a.allocate(MIB))]  # the variable, first in the first region
+    old = owned[0][1]
+    events = [("m", "cpu", MIB, 0), ("m", 0, ADOPT), ("m", None)]
+    _run_step(events, {"cpu": a}, owned, None, False)
+    assert owned[0][1] != old  # the variable now lives in m's chunk
+    assert a.in_use == a.chunk_size(owned[0][1]) == MIB  # and its old chunk is free
+    _run_step([e for e in events if len(e) != 3], {"cpu": a}, owned, None, False)
+    assert a.in_use == MIB  # without the move, the value is freed as any other
+
+
+def test_an_assign_that_reads_its_value_last_moves_it_into_the_variable(monkeypatch):
+    import graphmem.analysis.memory as memory
+    from graphmem.analysis.bfc import ADOPT
+    from tests.graphbuilder import G
+
+    seen = []
+    real = memory.replay_step
+    monkeypatch.setattr(memory, "replay_step",
+                        lambda events, *rest: seen.append(list(events)) or real(events, *rest))
+
+    def slot_update(extra_reader: bool) -> None:
+        g = G()
+        v = g.op("m", "VarHandleOp", shape=(), dtype=20)
+        v.attr["dtype"].type = 1
+        v.attr["shape"].shape.dim.add(size=65536)
+        g.op("read", "ReadVariableOp", "m", shape=(65536,))
+        g.op("g", "Placeholder", shape=(65536,))
+        g.op("new", "Mul", "read", "g", shape=(65536,))
+        g.op("assign", "AssignVariableOp", "m", "new", n_out=0)
+        if extra_reader:
+            g.op("later", "Relu", "new", "^assign", shape=(65536,))
+        memory.estimate_memory(g.index(), schedule="topological")
+
+    slot_update(False)
+    slot_update(True)  # the value is still to be read: TF copies it instead
+    adopted = [[e for e in events if len(e) == 3] for events in seen]
+    assert len(adopted[0]) == 1 and adopted[0][0][1:] == (0, ADOPT)
+    assert adopted[1] == []

@@ -18,7 +18,7 @@ from itertools import compress
 
 from google.protobuf.message import Message
 
-from graphmem.analysis.bfc import replay_step
+from graphmem.analysis.bfc import ADOPT, replay_step
 from graphmem.analysis.broadcast_grads import forwarding_reductions
 from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
 from graphmem.analysis.loops import (
@@ -213,7 +213,8 @@ class _Simulation:
         run = _simulate(index, order, self.batch_size, self.host, self.keep_timeline,
                         track_lives=bool(self.top), loops=loops, scratch=self.scratch,
                         allocator=self.allocator, forwards=self.forwards,
-                        persistent=[(normal[devices[i]], b) for i, b in variables])
+                        persistent=[(normal[devices[i]], b) for i, b in variables],
+                        variable_keys={i: (k, b) for k, (i, b) in enumerate(variables)})
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
             at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
@@ -335,7 +336,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
               keep_timeline: bool, track_lives: bool = False,
               loops: LoopFacts | None = None, scratch=None,
               allocator: bool = True, persistent: list[tuple[str, int]] | None = None,
-              forwards: set[int] | None = None) -> _Run:
+              forwards: set[int] | None = None,
+              variable_keys: dict[int, tuple[int, int]] | None = None) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
@@ -346,7 +348,13 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     the gradient loop's last op; a NextIteration's value lives to its loop's end; v2 list
     outputs take their sizes from `loops.output_bytes`, list element reads allocate
     nothing, and a While op holds its body's peak while it runs. Ops in `forwards` (a
-    reduction over nothing, broadcast_grads.py) hand on their first input's buffer."""
+    reduction over nothing, broadcast_grads.py) hand on their first input's buffer.
+
+    An `AssignVariableOp` that reads its value last makes the variable take the value's
+    buffer (TF moves a uniquely held tensor into the variable): the value's chunk stays
+    with the variable and the variable's old chunk is freed (`variable_keys`: variable
+    op -> its place in `persistent` and its bytes). Keras' optimizers write their slots so,
+    every step: the allocator's chunks move from step to step (bfc.py replays several)."""
     run = _Run()
     # what the allocator is asked, in order, replayed through a model of TF's allocator
     # at the end (bfc.py, replay_step), which then counts every peak: the sums of
@@ -398,9 +406,15 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         kind = kinds.get(op)
         if kind is None:
             kind = kinds[op] = _OpKind(op)
+        adopted = None
+        if op == "AssignVariableOp" and variable_keys and len(inputs) == 2 and \
+                events is not None:
+            adopted = _adopted_value(inputs, buffer_of, pending, size, variable_keys)
+            if adopted is not None:  # the variable swaps buffers: nothing is copied
+                reads_of.pop(inputs[0], None)
         if op == "ReadVariableOp" and inputs:
             reads_of.setdefault(inputs[0], []).append((i, 0))
-        elif reads_of and kind.updates:
+        elif reads_of and kind.updates and adopted is None:
             for j, h in enumerate(inputs):
                 if h not in reads_of:
                     continue
@@ -538,6 +552,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             if buf is not None:
                 pending[buf] = pending.get(buf, 0) - 1
                 touched.append(buf)
+        if adopted is not None:  # before its free, which the replay then leaves alone
+            events.append(adopted)
         if releases:
             for t in releases.pop(p, ()):
                 buf = buffer_of.get(t, t)
@@ -574,6 +590,19 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         if keep_timeline:
             run.timeline = peaks.timeline
     return run
+
+
+def _adopted_value(inputs: list[Tensor], buffer_of: dict, pending: dict, size: dict,
+                   variable_keys: dict[int, tuple[int, int]]) -> tuple | None:
+    """The replay's event (buffer, variable's place, "adopt") when AssignVariableOp's value
+    buffer, made in the step, is read last by it and is the variable's size (so TF moves
+    it into the variable); else None."""
+    key = variable_keys.get(inputs[0][0])
+    buf = buffer_of.get(inputs[1])
+    if key is None or buf is None or not size.get(buf) or pending.get(buf, 0) != 1:
+        return None
+    k, b = key
+    return (buf, k, ADOPT) if size[buf] == allocation_bytes(b) else None
 
 
 def _copy_on_write(i: int, j: int, handle: Tensor, inputs: list[Tensor],
