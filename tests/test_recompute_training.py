@@ -29,18 +29,22 @@ def _rewrite(name, tmp_path, policy, patterns=(), tag=None):
     return src, out, result
 
 
-def _assert_trains_identically(src, out, tag=None, steps=3, batch=16):
-    """Bit for bit with Grappler off; within float rounding with it on."""
+def _assert_trains_identically(src, out, tag=None, steps=3, batch=16, grappler_exact=True):
+    """Bit for bit with Grappler off and with it on (within float rounding with it on when
+    not `grappler_exact`)."""
     exact = verify(str(src), str(out), RunSpec(batch_size=batch, grappler=False), steps,
                    0.0, 0.0, tag=tag)
     assert exact.same_training, exact.mismatches
     assert exact.max_loss_diff == 0 and exact.max_variable_diff == 0
     assert exact.variables_compared > 0
-    # With fusion on, rounding differs at 1e-7; Adam turns rounding noise on parameters whose
-    # true gradient is zero (attention key biases) into updates of up to ~1e-5.
-    default = verify(str(src), str(out), RunSpec(batch_size=batch), steps, 1e-5, 1e-5, tag=tag)
+    # with Grappler on, as users train: bit for bit too (the regroup guard keeps the
+    # passes' edges off the sums and products Grappler regroups)
+    tolerance = 0.0 if grappler_exact else 1e-5
+    default = verify(str(src), str(out), RunSpec(batch_size=batch), steps, tolerance,
+                     tolerance, tag=tag)
     assert default.same_training, default.mismatches
-    assert default.max_loss_diff < 1e-5
+    if grappler_exact:
+        assert default.max_loss_diff == 0 and default.max_variable_diff == 0
     return exact
 
 
@@ -53,7 +57,12 @@ def test_policy_trains_identically(name, policy, tmp_path):
         assert result.plan.copied_ops == 0
     elif policy != "names" or name != "lstm_v2":
         assert result.checkpoints
-    _assert_trains_identically(src, out)
+    # the open case (docs/how-it-works.md, the regroup guard: recompute copies): with
+    # Grappler on, the softmax checkpoints' rewrite rounds differently (not traced yet);
+    # Adam turns that noise on parameters whose true gradient is zero (attention key
+    # biases) into ~1e-6
+    _assert_trains_identically(src, out,
+                               grappler_exact=(policy, name) != ("names", "transformer"))
     before, after = load_model(src), load_model(out)
     # collections, saver and signatures survive
     assert set(after.meta_graph.collection_def) == set(before.meta_graph.collection_def)
