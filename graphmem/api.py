@@ -99,7 +99,7 @@ def _import_results():
             from graphmem.analysis.towers import gated_peak
             from graphmem.units import format_bytes
 
-            peak = self.final.peak_bytes
+            peak = self.final.estimated_bytes
             gate, what = gated_peak(peak, self.final.peak_by_device)
             _gate(gate, self.max_peak_bytes, f"{what} after the rewrite")
             if self.budget_bytes is not None and peak > self.budget_bytes:

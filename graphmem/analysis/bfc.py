@@ -47,6 +47,9 @@ class StepPeaks:
     peak_dev: dict[str, int] = field(default_factory=dict)
     host_peak: int = 0
     timeline: list[int] = field(default_factory=list)  # bytes in use at each marked op
+    # the highest `peak` over the steps replayed (more than one when variables move
+    # between chunks, see replay_step); `peak` is the first measured step's
+    highest: int = 0
 
 
 ADOPT = "adopt"  # the third field of an event (buffer, variable's place, ADOPT)
@@ -63,9 +66,10 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
     (buffer, device, bytes, position) allocates, (buffer, None) frees, (position,) marks an
     op running (for the timeline), (buffer, k, ADOPT) hands the buffer to the variable
     `persistent[k]`, whose chunk is freed (the buffer's own free is then left alone).
-    With such events the allocator's state differs from step to step: MOVING_STEPS steps
-    are measured after the first, and the highest counts. `host`'s allocator is left out
-    of `peak`."""
+    With such events the allocator's state differs from step to step: `peak` is replayed
+    with the variables kept in place (the same every time: it ranks plans), `highest` is
+    the highest of that and of MOVING_STEPS steps after the first with the variables
+    moving (what a training run may reach). `host`'s allocator is left out of `peak`."""
     try:
         return _replay_step(events, persistent, host, keep_timeline)
     except OverflowError:  # absurd sizes: a huge batch size or `_output_shapes` dim
@@ -78,27 +82,45 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
 def _replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: str | None,
                  keep_timeline: bool) -> StepPeaks:
     moving = any(len(ev) == 3 for ev in events)
-    if native is not None and not moving:
+    if moving:  # the steps the variables stay put in: the same every time, it ranks plans
+        peaks = _replay_step([ev for ev in events if len(ev) != 3], persistent, host,
+                             keep_timeline)
+        peaks.highest = max(peaks.peak, _highest_moving_step(events, persistent, host))
+        return peaks
+    if native is not None:
         peak, peak_pos, peak_dev, host_peak, timeline = native.replay_step(
             events, persistent, host, keep_timeline)
-        return StepPeaks(peak, peak_pos, peak_dev, host_peak, timeline or [])
+        return StepPeaks(peak, peak_pos, peak_dev, host_peak, timeline or [], peak)
+    allocators, owned, hosted = _allocators(events, persistent, host)
+    _run_step(events, allocators, owned, hosted, False)
+    peaks = _run_step(events, allocators, owned, hosted, keep_timeline)
+    peaks.host_peak = peaks.peak_dev.get(host, 0) if host is not None else 0
+    return peaks
+
+
+def _highest_moving_step(events: list[tuple], persistent: list[tuple[str, int]],
+                         host: str | None) -> int:
+    """The highest peak of MOVING_STEPS steps after the first, variables taking over
+    buffers as the events say."""
+    allocators, owned, hosted = _allocators(events, persistent, host)
+    _run_step(events, allocators, owned, hosted, False)
+    return max(_run_step(events, allocators, owned, hosted, False).peak
+               for _ in range(MOVING_STEPS))
+
+
+def _allocators(events: list[tuple], persistent: list[tuple[str, int]], host: str | None
+                ) -> tuple[dict[str, BFCAllocator], list, BFCAllocator | None]:
+    """One allocator per device holding the persistent buffers (each variable's chunk in
+    `owned`), and the host's."""
     allocators: dict[str, BFCAllocator] = {}
-    owned: list[tuple[BFCAllocator, int]] = []  # each variable's chunk
+    owned: list[tuple[BFCAllocator, int]] = []
     for dev, b in persistent:
         a = allocators.setdefault(dev, BFCAllocator())
         owned.append((a, a.allocate(b)))
     for ev in events:
         if len(ev) == 4 and ev[1] not in allocators:
             allocators[ev[1]] = BFCAllocator()
-    hosted = allocators.get(host) if host is not None else None
-    _run_step(events, allocators, owned, hosted, False)
-    best = StepPeaks()
-    for k in range(MOVING_STEPS if moving else 1):
-        peaks = _run_step(events, allocators, owned, hosted, keep_timeline)
-        if k == 0 or peaks.peak > best.peak:
-            best = peaks
-    best.host_peak = best.peak_dev.get(host, 0) if host is not None else 0
-    return best
+    return allocators, owned, allocators.get(host) if host is not None else None
 
 
 def _run_step(events: list[tuple], allocators: dict[str, BFCAllocator],
@@ -142,7 +164,7 @@ def _run_step(events: list[tuple], allocators: dict[str, BFCAllocator],
         a.free(h)
     return StepPeaks(peak, peak_pos,
                      {d: a.peak - base[d] for d, a in allocators.items() if a.peak > base[d]},
-                     0, timeline)
+                     0, timeline, peak)
 
 
 def rounded_bytes(n: int) -> int:

@@ -121,7 +121,7 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
                    "largest": sorted(variables, key=lambda v: -(v.bytes or 0))[:top]},
         devices=dict(devices),
         control_flow={"v1_frames": frames, "v2_ops": v2, "loops": mem.loops if mem else []},
-        estimated_peak_bytes=mem.peak_bytes if mem else None,
+        estimated_peak_bytes=mem.estimated_bytes if mem else None,
         persistent_bytes=mem.persistent_bytes if mem else None,
         peak=None if mem is None else {
             "op": mem.peak_op, "position": mem.peak_position, "of": mem.ops_in_step,
@@ -151,7 +151,8 @@ def order_spread(mem) -> dict:
     """The peak's spread over TF's executor orders, for reports: the highest (a training
     run's peak, the one gates use) and the lowest, each with its phase, and every order
     walked."""
-    return {"highest_bytes": mem.peak_bytes, "highest_phase": mem.phase,
+    return {"highest_bytes": mem.estimated_bytes, "highest_phase": mem.phase,
+            "ranking_bytes": mem.peak_bytes,
             "lowest_bytes": mem.lowest_peak_bytes, "lowest_phase": mem.lowest_phase,
             "orders": [{"phase": o.phase, "peak_bytes": o.peak_bytes, "peak_op": o.peak_op}
                        for o in mem.orders]}

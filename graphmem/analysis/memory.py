@@ -104,6 +104,16 @@ class MemoryEstimate:
     # changes from process to process and from warm-up to steady state, and so does the
     # peak. `peak_bytes` is the highest of them, the one a training run reaches
     orders: list[OrderPeak] = field(default_factory=list)
+    # the highest step of the replays (bfc.py): above `peak_bytes` when variables take
+    # over buffers (Keras' slots), which moves the allocator's chunks every step. The
+    # estimate reported (`estimated_bytes`); `peak_bytes` (variables kept in their
+    # chunks, the same every step) ranks plans
+    highest_bytes: int = 0
+
+    @property
+    def estimated_bytes(self) -> int:
+        """The peak a training run can reach: the highest replayed step of any order."""
+        return max(self.peak_bytes, self.highest_bytes)
 
     @property
     def lowest_peak_bytes(self) -> int:
@@ -171,11 +181,14 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
              for phase, order in others]
     best = run_in(first_order, True)
     walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op)]
+    highest = best.highest_bytes
     for phase, order, job in aside:
         est = job.result() or run_in(order, True)
         walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op))
+        highest = max(highest, est.highest_bytes)
         if est.peak_bytes > best.peak_bytes:
             est.phase, best = phase, est
+    best.highest_bytes = highest
     return _with_orders(best, walked)
 
 
@@ -225,7 +238,8 @@ class _Simulation:
         return MemoryEstimate(run.peak, sum(b for _, b in variables), run.peak_pos,
                               index.names[order[run.peak_pos]] if order else "",
                               live_at_peak, run.peak_dev, run.timeline, run.unknown,
-                              run.host_peak, len(order), loops.loops, loops.notes)
+                              run.host_peak, len(order), loops.loops, loops.notes,
+                              highest_bytes=max(run.highest, run.peak))
 
 
 def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:
@@ -256,6 +270,7 @@ class _Run:
     unknown: int = 0
     peak_dev: dict[str, int] = field(default_factory=dict)
     timeline: list[int] = field(default_factory=list)
+    highest: int = 0  # the highest replayed step (bfc.StepPeaks.highest)
     # (buffer, bytes, position allocated, position freed) of device buffers; a buffer is
     # live while the op at its freeing position runs, and to the end if never freed
     lifetimes: list[tuple[Tensor, int, int, int]] = field(default_factory=list)
@@ -585,8 +600,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
     if events is not None:  # the peaks TF's allocator statistics count (bfc.py)
         peaks = replay_step(events, persistent or [], host, keep_timeline)
-        run.peak, run.peak_pos, run.peak_dev, run.host_peak = \
-            peaks.peak, peaks.peak_pos, peaks.peak_dev, peaks.host_peak
+        run.peak, run.peak_pos, run.peak_dev, run.host_peak, run.highest = \
+            peaks.peak, peaks.peak_pos, peaks.peak_dev, peaks.host_peak, peaks.highest
         if keep_timeline:
             run.timeline = peaks.timeline
     return run

@@ -640,7 +640,7 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
             return sol  # a plan already estimated
         run = candidate("budget", choice, sol)
         if key is not None:
-            tried[key] = run.after.peak_bytes <= budget
+            tried[key] = run.after.estimated_bytes <= budget
             probes.append((model_budget, tried[key]))
         return sol
 
@@ -652,7 +652,7 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
             break  # no spine to plan on, or corrected to a plan already estimated
         after = runs[-1].after
         error = after.peak_bytes - solution.model_peak
-        fits = after.peak_bytes <= budget
+        fits = after.estimated_bytes <= budget
         if fits and error >= -MODEL_SLACK * budget:
             break  # the model was right here: a cheaper plan would not fit
         if not fits and not solution.feasible:
@@ -691,14 +691,14 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
         late = _with_late_copies(lowest, runner)
         if late is not None:
             runs.append(late)
-    fitting = [r for r in runs if r.after.peak_bytes <= budget]
+    fitting = [r for r in runs if r.after.estimated_bytes <= budget]
     best = min(fitting, key=lambda r: r.extra_flops) if fitting else \
         min(runs, key=lambda r: r.after.peak_bytes)
     best.applied = runner.apply(best.choice)
     model_runs = [r for r in runs if r.solution is not None]
     solution = best.solution or (model_runs[-1].solution if model_runs else None)
     if solution is not None:
-        model_run = next((r for r in model_runs if r.after.peak_bytes <= budget),
+        model_run = next((r for r in model_runs if r.after.estimated_bytes <= budget),
                          model_runs[-1] if model_runs else best)
         best.choice.policy = "budget"
         best.choice.note = _budget_note(solution, budget, best.after.peak_bytes, best.policy,
@@ -872,7 +872,7 @@ def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: 
                 f"({solution.method if policy == 'budget' else plan}) "
                 f"reaches {format_bytes(estimated)}, {format_bytes(estimated - budget)} over")
     if policy != "budget":
-        model = ("did not fit" if model_run.after.peak_bytes > budget else
+        model = ("did not fit" if model_run.after.estimated_bytes > budget else
                  f"+{model_run.extra_flops / total:.0%} forward FLOPs")
         return (f"{plan} (+{best.extra_flops / total:.0%} forward FLOPs) "
                 f"fits the budget of {format_bytes(budget)} with the least recompute (the "

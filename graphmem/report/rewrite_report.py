@@ -73,7 +73,9 @@ def _loops_v1_doc(result: RewriteResult) -> dict | None:
 
 
 def _estimate_doc(est, swapping: bool) -> dict:
-    doc = {"estimated_peak_bytes": est.peak_bytes, "persistent_bytes": est.persistent_bytes,
+    doc = {"estimated_peak_bytes": est.estimated_bytes,
+           "ranking_peak_bytes": est.peak_bytes,  # variables kept in their chunks
+           "persistent_bytes": est.persistent_bytes,
            "peak_op": est.peak_op, "peak_phase": est.phase,
            "peak_by_device": est.peak_by_device,
            "notes": est.notes, "peak_spread": order_spread(est)}
@@ -182,19 +184,26 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                       "would close a cycle once TensorFlow merges a weight gradient with "
                       "its bias gradient)")
     b, a = result.before, result.after
-    ratio = f" ({a.peak_bytes / b.peak_bytes:.2f}x)" if b.peak_bytes else ""
-    console.print(f"estimated step peak: {format_bytes(b.peak_bytes)} -> "
-                  f"[bold]{format_bytes(a.peak_bytes)}[/]{ratio}, persistent "
+    ratio = f" ({a.estimated_bytes / b.estimated_bytes:.2f}x)" if b.estimated_bytes else ""
+    console.print(f"estimated step peak: {format_bytes(b.estimated_bytes)} -> "
+                  f"[bold]{format_bytes(a.estimated_bytes)}[/]{ratio}, persistent "
                   f"{format_bytes(a.persistent_bytes)}")
+    for label, est in (("before", b), ("after", a)):
+        if est.estimated_bytes > est.peak_bytes:
+            console.print(f"  {label}: {format_bytes(est.peak_bytes)} with the variables kept "
+                          f"in their chunks (plans are ranked by it), up to "
+                          f"{format_bytes(est.estimated_bytes)} as they take their values' "
+                          "buffers and the allocator's chunks move from step to step "
+                          "(Keras' optimizer slots)")
     console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
         console.print("[yellow]the rewrite would not lower the estimated highest peak: "
                       "wrote the graph unchanged[/] (--keep-worse keeps it)")
     width = 30
-    top = max(b.peak_bytes, a.peak_bytes, 1)
+    top = max(b.estimated_bytes, a.estimated_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
-        bar = "█" * max(1, round(width * est.peak_bytes / top))
-        console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.peak_bytes)}")
+        bar = "█" * max(1, round(width * est.estimated_bytes / top))
+        console.print(f"  {label} [{color}]{bar}[/] {format_bytes(est.estimated_bytes)}")
     for label, est in (("before", b), ("after", a)):
         console.print(f"  peak {label}: at {est.peak_op}{_phase_note(est.phase)}")
     for label, est in (("before", b), ("after", a)):
