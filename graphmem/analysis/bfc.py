@@ -152,9 +152,8 @@ def _run_step(events: list[tuple], allocators: dict[str, BFCAllocator],
             found = handles.pop(ev[0], None)
             if found is None:
                 continue
-            if n == 3:  # the variable takes the buffer; its old chunk goes
-                found, (a, addr) = owned[ev[1]], found
-                owned[ev[1]] = (a, addr)
+            if n == 3:  # the variable takes the buffer; its old chunk is the one freed
+                owned[ev[1]], found = found, owned[ev[1]]
             a = found[0]
             before = a.in_use
             a.free(found[1])

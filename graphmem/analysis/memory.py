@@ -102,7 +102,8 @@ class MemoryEstimate:
     phase: str = "steady"
     # the peak of each executor order simulated (one when the order was given): TF's order
     # changes from process to process and from warm-up to steady state, and so does the
-    # peak. `peak_bytes` is the highest of them, the one a training run reaches
+    # peak. `peak_bytes` is the highest of them (and `estimated_bytes` the highest step of
+    # any of them, the one a training run reaches)
     orders: list[OrderPeak] = field(default_factory=list)
     # the highest step of the replays (bfc.py): above `peak_bytes` when variables take
     # over buffers (Keras' slots), which moves the allocator's chunks every step. The
@@ -239,7 +240,7 @@ class _Simulation:
                               index.names[order[run.peak_pos]] if order else "",
                               live_at_peak, run.peak_dev, run.timeline, run.unknown,
                               run.host_peak, len(order), loops.loops, loops.notes,
-                              highest_bytes=max(run.highest, run.peak))
+                              highest_bytes=run.highest)
 
 
 def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:

@@ -33,7 +33,7 @@ from graphmem.analysis.arithmetic_groups import (
     regrouped_trees,
 )
 from graphmem.analysis.regions import is_state_write
-from graphmem.graph.index import GraphIndex, closing_cycles
+from graphmem.graph.index import GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
 
 
@@ -83,16 +83,15 @@ def apply_regroup_guard(index: GraphIndex, original: GraphIndex) -> RegroupGuard
                     moves[(x, v)] = [(target, v)]
                 if is_state_write(index.ops[v]):
                     into_writes[(x, v)] = k
-    for edge in closing_cycles(index, moves):
-        del moves[edge]
-    for edge, k in into_writes.items():
-        if edge not in moves:  # a write kept after a read: the edge stays where it is
-            remove.discard(edge)
-            changed.add(k)
     remove_edges(index, sorted(remove))
-    moved = add_edge_groups(index, moves)
+    moved = add_edge_groups(index, moves)  # less the moves that would close a cycle
+    # an edge into a write that could not move keeps the write after a read: it goes back
+    # where it was (it was in the graph: it closes no cycle)
+    stuck = [edge for edge in into_writes if edge not in moves]
+    add_edge_groups(index, {edge: [edge] for edge in stuck})
+    changed.update(into_writes[edge] for edge in stuck)
     plan.edges_moved = len(moved)
-    plan.edges_dropped = len(remove) - len(moved)
+    plan.edges_dropped = len(remove) - len(moved) - len(stuck)
     plan.trees_changed = len(changed)
     return plan
 
