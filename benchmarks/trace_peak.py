@@ -28,7 +28,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
-MIB = 2 ** 20
+from graphmem.units import format_bytes
 
 
 @dataclass
@@ -124,7 +124,7 @@ def trace(path: str, batch: int, threads: int, step: int) -> PeakTrace:
         (found,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
         result = replay(found)
     runner.close()
-    print(f"measured step peak (allocator statistics): {record.peak_bytes / MIB:.1f} MiB")
+    print(f"measured step peak (allocator statistics): {format_bytes(record.peak_bytes)}")
     return result
 
 
@@ -142,21 +142,21 @@ def main() -> None:
     t = trace(a.model, a.batch, a.threads, a.step)
     over = t.peak_in_use - t.resident
     rounding = sum(b.chunk - b.requested for b in t.live)
-    print(f"traced peak above resident: {over / MIB:.1f} MiB, at {t.op}; "
-          f"{len(t.live)} buffers of the step live, {rounding / MIB:.1f} MiB of it chunk "
+    print(f"traced peak above resident: {format_bytes(over)}, at {t.op}; "
+          f"{len(t.live)} buffers of the step live, {format_bytes(rounding)} of it chunk "
           "rounding")
     for b in t.live[:a.top]:
-        print(f"  {b.chunk / MIB:8.1f} MiB (asked {b.requested / MIB:8.1f})  {b.region:6s} "
+        print(f"  {format_bytes(b.chunk):>10s} (asked {format_bytes(b.requested):>10s})  {b.region:6s} "
               f"{b.shape:22s} {b.op}")
     if a.estimate:
         from graphmem.api import inspect
 
         doc = inspect(a.model, batch_size=a.batch).to_json()
         peak = doc["peak"]
-        print(f"estimated peak: {doc['estimated_peak_bytes'] / MIB:.1f} MiB at {peak['op']} "
+        print(f"estimated peak: {format_bytes(doc['estimated_peak_bytes'])} at {peak['op']} "
               f"({peak['phase']})")
         for x in peak["live"][:a.top]:
-            print(f"  {x['bytes'] / MIB:8.1f} MiB  {x['shape']}  {x['name']}")
+            print(f"  {format_bytes(x['bytes']):>10s}  {x['shape']}  {x['name']}")
 
 
 if __name__ == "__main__":
