@@ -164,11 +164,15 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         raise
     before = before_job.result() or _estimate_bytes(ws, original, options)
     # kept only when its highest peak over the executor's orders (the one a training run
-    # reaches) is below the original's: an edited graph that saves nothing is undone too
+    # reaches) is below the original's: an edited graph that saves nothing is undone too;
+    # across data-parallel towers, no tower may peak higher either
     edited = any(getattr(plan, "changed", False) for plan in done.plans.values())
+    busiest_before, busiest_after = before.busiest_device_bytes, after.busiest_device_bytes
     reverted = not options.keep_worse and (
         after.peak_bytes > before.peak_bytes
-        or (edited and after.peak_bytes == before.peak_bytes))
+        or (edited and after.peak_bytes == before.peak_bytes)
+        or (busiest_before is not None and busiest_after is not None
+            and busiest_after > busiest_before))
     new_index = done.index
     if reverted:  # never hand back a graph the estimate says is worse
         new_index = restore(reindex=False)

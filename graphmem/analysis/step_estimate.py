@@ -4,10 +4,12 @@ Grappler will make of it (`grappler=True`, TF1 graphs, needs TensorFlow)."""
 from __future__ import annotations
 
 from graphmem.analysis.broadcast_grads import folded_readers, folded_shape_ops
+from graphmem.analysis.identity_bypass import bypassed_identityn
 from graphmem.analysis.memory import MemoryEstimate, estimate_memory
 from graphmem.analysis.pruning import unread_ops
 from graphmem.analysis.regions import Regions, analyze_regions
 from graphmem.errors import UsageError
+from graphmem.graph.identityn import split_identityn
 from graphmem.graph.index import CONTROL_FLOW_V2, GraphIndex
 from graphmem.graph.workspace import Workspace
 
@@ -21,6 +23,9 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
         # the graph as Grappler will run it, as far as graphmem can tell without TF: ops
         # Grappler folds or prunes do not run (and hold nothing)
         step = regions.step_nodes(index)
+        barriers = bypassed_identityn(index, step)
+        if barriers:
+            index, step = _without_barriers(ws, index, step, barriers)
         folded = folded_shape_ops(index, step, batch_size)
         bypassed = None
         if folded:
@@ -47,6 +52,21 @@ def estimate_step(ws: Workspace, regions: Regions, batch_size: int | None,
     return estimate_memory(optimized, batch_size, top=top,
                            nodes=opt_regions.step_nodes(optimized), keep_timeline=keep_timeline,
                            host_device=host_device)
+
+
+def _without_barriers(ws: Workspace, index: GraphIndex, step: set[int],
+                      barriers: list[int]) -> tuple[GraphIndex, set[int]]:
+    """The graph with the IdentityN ops Grappler bypasses split (analysis/identity_bypass.py),
+    as TensorFlow runs it, indexed apart from the workspace's, and the step on it. A copy:
+    the workspace's graph is the user's (or a pass's) and stays as it is. The copy only
+    gains nodes, so its index reuses the per-node facts (shapes TensorFlow inferred
+    included) and its node ids are the workspace's; the new Identity ops join the step,
+    the IdentityN ops leave it (nothing reads them)."""
+    graph = type(index.graph_def)()
+    graph.CopyFrom(index.graph_def)
+    split_identityn(graph, index, barriers)
+    split = GraphIndex.build(graph, ws.registry, index)
+    return split, (step - set(barriers)) | set(range(len(index), len(split)))
 
 
 def _loop_shapes(index: GraphIndex) -> dict[str, list]:
