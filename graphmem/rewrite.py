@@ -44,6 +44,13 @@ class CheckpointFact:
     bytes: int | None
 
 
+# the least share of the original's estimated peak a rewrite must save to be kept: below
+# it the saving is within the estimate's error, and the step TF runs may peak higher (the
+# sweep's Keras MLP with gradient clipping, whose peak is the optimizer's: rewrites
+# estimated 3% and 0.2% lower measured 2% and 1% higher, medians of 4 processes)
+MIN_SAVING = 0.05
+
+
 @dataclass
 class RewriteOptions:
     policy: str = "memory"
@@ -164,13 +171,13 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
         raise
     before = before_job.result() or _estimate_bytes(ws, original, options)
     # kept only when its highest peak over the executor's orders (the one a training run
-    # reaches) is below the original's: an edited graph that saves nothing is undone too;
-    # across data-parallel towers, no tower may peak higher either
+    # reaches) is at least MIN_SAVING below the original's: an edited graph that saves
+    # less is undone too; across data-parallel towers, no tower may peak higher either
     edited = any(getattr(plan, "changed", False) for plan in done.plans.values())
     busiest_before, busiest_after = before.busiest_device_bytes, after.busiest_device_bytes
     reverted = not options.keep_worse and (
         after.peak_bytes > before.peak_bytes
-        or (edited and after.peak_bytes == before.peak_bytes)
+        or (edited and after.peak_bytes > (1 - MIN_SAVING) * before.peak_bytes)
         or (busiest_before is not None and busiest_after is not None
             and busiest_after > busiest_before))
     new_index = done.index

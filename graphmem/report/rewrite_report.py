@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from graphmem.analysis.inspect import order_spread
 from graphmem.report.inspect_report import shows_spread, spread_sentence
 from graphmem.report.tables import print_table
-from graphmem.rewrite import RewriteResult
+from graphmem.rewrite import MIN_SAVING, RewriteResult
 from graphmem.units import format_bytes, format_shape
 
 if TYPE_CHECKING:  # rich is imported by the renderers: JSON output needs none of it
@@ -197,8 +197,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                           "(Keras' optimizer slots)")
     console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
-        console.print("[yellow]the rewrite would not lower the estimated highest peak: "
-                      "wrote the graph unchanged[/] (--keep-worse keeps it)")
+        console.print("[yellow]the rewrite would not lower the estimated highest peak by "
+                      f"{MIN_SAVING:.0%} or more (or one tower's): wrote the graph "
+                      "unchanged[/] (--keep-worse keeps it)")
     width = 30
     top = max(b.estimated_bytes, a.estimated_bytes, 1)
     for label, est, color in (("before", b, "blue"), ("after ", a, "green")):
