@@ -165,3 +165,21 @@ def test_the_estimate_runs_the_step_without_the_barrier_grappler_removes(tmp_pat
     # gradient fewer at the peak
     assert plain.estimated_bytes == by_hand.estimated_bytes
     assert plain.estimated_bytes < held.estimated_bytes
+
+
+@pytest.mark.tf
+def test_the_floor_leaves_out_an_identityn_grappler_bypasses(tmp_path):
+    """Its inputs never need to live together: TF never runs it. One that Grappler keeps
+    (a control input) joins both 1 MiB weight gradients, the largest footprint here."""
+    from graphmem.analysis.floor import step_floor
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    def floor(variant):
+        ws = Workspace.open(load_model(_tf1_joined(tmp_path / f"{variant}.meta", variant)))
+        return step_floor(ws.index, analyze_regions(ws.index, None, 64), 64)
+
+    kept, bypassed = floor("control"), floor("plain")
+    assert kept.op == "joined" and kept.bytes >= 2 * 2**20
+    assert bypassed.op != "joined" and bypassed.bytes < kept.bytes
