@@ -65,6 +65,7 @@ SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "vgg_16": 224, "alexnet_v2": 224, "unet": 256,
          "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
          "keras_DenseNet121": 224, "keras_EfficientNetB0": 224, "keras_Xception": 299,
+         "keras_VGG16": 224, "keras_MobileNetV3Small": 224, "keras_ResNet50V2": 224,
          "keras_transformer_lm": 256}  # an LM's: its sequence
 KERAS = "keras_"  # Keras applications, saved as TF2 train-step SavedModels
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
