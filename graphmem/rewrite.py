@@ -15,6 +15,7 @@ from graphmem.analysis.cost import copied_flops
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import analyze_regions
 from graphmem.analysis.step_estimate import estimate_step
+from graphmem.analysis.towers import gated_peak
 from graphmem.background import Background
 from graphmem.formats import LoadedModel, load_model, save_model, save_unchanged
 from graphmem.graph import dtypes
@@ -174,12 +175,11 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     # reaches) is at least MIN_SAVING below the original's: an edited graph that saves
     # less is undone too; across data-parallel towers, no tower may peak higher either
     edited = any(getattr(plan, "changed", False) for plan in done.plans.values())
-    busiest_before, busiest_after = before.busiest_device_bytes, after.busiest_device_bytes
     reverted = not options.keep_worse and (
         after.peak_bytes > before.peak_bytes
         or (edited and after.peak_bytes > (1 - MIN_SAVING) * before.peak_bytes)
-        or (busiest_before is not None and busiest_after is not None
-            and busiest_after > busiest_before))
+        or gated_peak(after.peak_bytes, after.peak_by_device)[0]
+        > gated_peak(before.peak_bytes, before.peak_by_device)[0])
     new_index = done.index
     if reverted:  # never hand back a graph the estimate says is worse
         new_index = restore(reindex=False)

@@ -318,13 +318,12 @@ def test_grouping_ops_grappler_removes_do_not_hold_back_an_expensive_op():
 
 
 def test_the_busiest_tower_is_the_highest_peak_of_devices_of_one_kind():
-    from graphmem.analysis.memory import MemoryEstimate
+    from graphmem.analysis.towers import busiest_tower, gated_peak
 
-    def est(by_device):
-        return MemoryEstimate(100, 0, 0, "op", peak_by_device=by_device)
-
-    towers = est({"": 5, "/device:CPU:0": 60, "/device:CPU:1": 70})
-    assert towers.busiest_device_bytes == 70
+    towers = {"": 5, "/device:CPU:0": 60, "/device:CPU:1": 70}
+    assert busiest_tower(towers) == ("/device:CPU:1", 70)
+    assert gated_peak(100, towers)[0] == 70
     # one device, or a swap's GPU and its host: no towers, the step's peak is the measure
-    assert est({"/device:GPU:0": 90, "/device:CPU:0": 40}).busiest_device_bytes is None
-    assert est({"": 100}).busiest_device_bytes is None
+    assert busiest_tower({"/device:GPU:0": 90, "/device:CPU:0": 40}) is None
+    assert gated_peak(100, {"/device:GPU:0": 90, "/device:CPU:0": 40})[0] == 100
+    assert busiest_tower({"": 100}) is None

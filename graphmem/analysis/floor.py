@@ -44,9 +44,9 @@ def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None) -> F
     """The floor of `index`'s training step (see the module docstring). An output as large
     as one of the op's inputs is not counted: the kernel may write it into that input's
     buffer (TF forwards buffers a kernel reads for the last time)."""
+    step = regions.step_nodes(index)
     # an IdentityN Grappler bypasses never runs: its inputs need not live together
-    step = regions.step_nodes(index).difference(bypassed_identityn(index,
-                                                                   regions.step_nodes(index)))
+    step = step.difference(bypassed_identityn(index, step))
     sizes = index.output_sizes(batch_size)
     scratch = scratch_model(index, batch_size)
     feeds = [(i, 0) for i in step if index.ops[i] in FEED_OPS and index.num_outputs[i]]

@@ -39,19 +39,15 @@ def bypassed_identityn(index: GraphIndex, nodes: set[int]) -> list[int]:
                   and len(data_inputs[i]) > 1]
     if not candidates:
         return []
-    control_readers: dict[int, int] = {i: 0 for i in candidates}  # IdentityN -> edges
-    control_reader_nodes: dict[int, set[int]] = {i: set() for i in candidates}
+    control_readers: dict[int, list[int]] = {i: [] for i in candidates}  # one per edge
     for r, sources in enumerate(index.control_inputs):
         for s in sources:
             if s in control_readers:
-                control_readers[s] += 1
-                control_reader_nodes[s].add(r)
-    return [i for i in candidates
-            if _bypassed(index, i, control_readers[i], control_reader_nodes[i])]
+                control_readers[s].append(r)
+    return [i for i in candidates if _bypassed(index, i, control_readers[i])]
 
 
-def _bypassed(index: GraphIndex, i: int, control_edges: int,
-              control_reader_nodes: set[int]) -> bool:
+def _bypassed(index: GraphIndex, i: int, control_readers: list[int]) -> bool:
     ops, data_inputs, control_inputs = index.ops, index.data_inputs, index.control_inputs
     ins = data_inputs[i]
     if not ins or ops[ins[0][0]] in _KEEPING_INPUTS:
@@ -69,9 +65,9 @@ def _bypassed(index: GraphIndex, i: int, control_edges: int,
                     not (ops[c] in _CONSTANTS and not index.data_inputs[c]
                          and not index.control_inputs[c])]
     n_in = len(ins) + len(controls)
-    readers = set(data_readers) | control_reader_nodes
+    readers = set(data_readers) | set(control_readers)
     n_out = len(readers)
-    edges = len(ins) + len(controls) * n_out + len(data_readers) + control_edges * n_in
+    edges = len(ins) + len(controls) * n_out + len(data_readers) + len(control_readers) * n_in
     if edges > n_in + n_out:
         return False
     device = normalize_device(index.devices[i])

@@ -117,20 +117,6 @@ class MemoryEstimate:
         return max(self.peak_bytes, self.highest_bytes)
 
     @property
-    def busiest_device_bytes(self) -> int | None:
-        """The highest peak of one device among several devices of one kind (data-parallel
-        towers, `/device:CPU:0`, `/device:CPU:1`, ...), each with memory of its own: a
-        rewrite that lowers the step's total while one tower peaks higher would run out of
-        memory sooner there. None for a graph on one device (or on one of each kind, as a
-        swap's GPU and host)."""
-        kinds: dict[str, list[int]] = {}
-        for device, peak in self.peak_by_device.items():
-            if device:
-                kinds.setdefault(device.rpartition(":")[0], []).append(peak)
-        towers = [peak for peaks in kinds.values() if len(peaks) > 1 for peak in peaks]
-        return max(towers) if towers else None
-
-    @property
     def lowest_peak_bytes(self) -> int:
         """The lowest peak over the orders simulated: a run may peak this low."""
         return min((o.peak_bytes for o in self.orders), default=self.peak_bytes)

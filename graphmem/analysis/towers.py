@@ -161,12 +161,26 @@ def check_collective_order(before: GraphIndex, after: GraphIndex) -> None:
                      "with --checkpoints")
 
 
+def busiest_tower(peak_by_device: dict[str, int]) -> tuple[str, int] | None:
+    """The device with the highest peak among several devices of one kind (data-parallel
+    towers, `/device:CPU:0`, `/device:CPU:1`, ...), each with memory of its own: what runs
+    out of memory first. None for a step on one device, or on one of each kind (a swap's
+    GPU and its host, whose memory is not the one being saved)."""
+    kinds: dict[str, list[str]] = {}
+    for device in peak_by_device:
+        if device:
+            kinds.setdefault(device.rpartition(":")[0], []).append(device)
+    towers = [d for devices in kinds.values() if len(devices) > 1 for d in devices]
+    if not towers:
+        return None
+    device = max(towers, key=peak_by_device.__getitem__)
+    return device, peak_by_device[device]
+
+
 def gated_peak(peak_bytes: int, peak_by_device: dict[str, int]) -> tuple[int, str]:
-    """The peak a `--max-peak` gate compares: with several devices (one tower each) the
-    highest device's, which is what runs out of memory first; else the step's. Returns
-    (bytes, what to call it)."""
-    placed = {d: b for d, b in peak_by_device.items() if d}
-    if len(placed) > 1:
-        device = max(placed, key=placed.__getitem__)
-        return placed[device], f"estimated step peak on {device} (the highest device)"
+    """The peak a `--max-peak` gate compares: across towers the busiest one's
+    (`busiest_tower`); else the step's. Returns (bytes, what to call it)."""
+    busiest = busiest_tower(peak_by_device)
+    if busiest is not None:
+        return busiest[1], f"estimated step peak on {busiest[0]} (the highest device)"
     return peak_bytes, "estimated step peak"
