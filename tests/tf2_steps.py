@@ -47,6 +47,38 @@ def save_batch_norm_step(path: Path, size: int = 4, channels: int = 1024) -> Pat
     pooling and a dense layer, trained by Keras' SGD with momentum: the tail of a
     MobileNetV2. The last batch norm has `channels` (at least 1024) channels, so that its
     momentum product is held back for its gradient (passes/early_updates.py)."""
+
+    def layers(keras):
+        return [keras.layers.Conv2D(16, 3, padding="same", use_bias=False),
+                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
+                keras.layers.Conv2D(channels, 1, use_bias=False),
+                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
+                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+
+    return _save_image_step(path, size, layers)
+
+
+def save_vgg_head_step(path: Path, side: int = 64, units: int = 512) -> Path:
+    """A small VGG as a Keras train step: two blocks of two 3x3 convolutions (32 and 64
+    channels) with max pooling, then a dense layer of `units` over the flattened feature
+    map (its weight (side/4)^2 * 64 x units: 32 MiB at the defaults, from inputs of a few
+    hundred KiB) and a dense head; Keras' SGD with momentum."""
+
+    def layers(keras):
+        conv = dict(padding="same", activation="relu")
+        return [keras.layers.Conv2D(32, 3, **conv), keras.layers.Conv2D(32, 3, **conv),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(64, 3, **conv), keras.layers.Conv2D(64, 3, **conv),
+                keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+                keras.layers.Dense(units, activation="relu", name="fc1"),
+                keras.layers.Dense(10, name="head")]
+
+    return _save_image_step(path, side, layers)
+
+
+def _save_image_step(path: Path, side: int, layers) -> Path:
+    """A Keras Sequential of `layers(keras)` over side x side x 3 images, a softmax cross
+    entropy over its logits, Keras' SGD with momentum; traced once and saved at `path`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
     import tensorflow as tf
@@ -55,16 +87,10 @@ def save_batch_norm_step(path: Path, size: int = 4, channels: int = 1024) -> Pat
         def __init__(self):
             super().__init__()
             keras.utils.set_random_seed(0)
-            self.model = keras.Sequential([
-                keras.Input((size, size, 3)),
-                keras.layers.Conv2D(16, 3, padding="same", use_bias=False),
-                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
-                keras.layers.Conv2D(channels, 1, use_bias=False),
-                keras.layers.BatchNormalization(), keras.layers.ReLU(6.0),
-                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+            self.model = keras.Sequential([keras.Input((side, side, 3)), *layers(keras)])
             self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3]),
+        @tf.function(input_signature=[tf.TensorSpec([None, side, side, 3]),
                                       tf.TensorSpec([None], tf.int32)])
         def train_step(self, x, y):
             with tf.GradientTape() as tape:
@@ -76,6 +102,6 @@ def save_batch_norm_step(path: Path, size: int = 4, channels: int = 1024) -> Pat
             return loss
 
     trainer = Trainer()
-    trainer.train_step(tf.zeros([2, size, size, 3]), tf.zeros([2], tf.int32))
+    trainer.train_step(tf.zeros([2, side, side, 3]), tf.zeros([2], tf.int32))
     tf.saved_model.save(trainer, str(path))
     return path

@@ -110,6 +110,8 @@ class MemoryEstimate:
     # estimate reported (`estimated_bytes`); `peak_bytes` (variables kept in their
     # chunks, the same every step) ranks plans
     highest_bytes: int = 0
+    # with a timeline: the ops in the order walked (`timeline[p]` is while `order[p]` runs)
+    order: list[int] = field(default_factory=list)
 
     @property
     def estimated_bytes(self) -> int:
@@ -240,7 +242,8 @@ class _Simulation:
                               index.names[order[run.peak_pos]] if order else "",
                               live_at_peak, run.peak_dev, run.timeline, run.unknown,
                               run.host_peak, len(order), loops.loops, loops.notes,
-                              highest_bytes=run.highest)
+                              highest_bytes=run.highest,
+                              order=list(order) if self.keep_timeline else [])
 
 
 def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:

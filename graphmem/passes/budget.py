@@ -558,6 +558,7 @@ BISECT_PROBES = 8
 # within this share of that peak is as good (the estimate's own error is larger), and the one
 # of them with the least recompute is written: never a plan another one beats on both.
 MEMORY_TOLERANCE = 0.03
+LATE_COPY_TRIES = 3  # of the lowest plans, besides the chosen one (_memory_pick)
 # The memory policy recomputes at most this share of the forward pass's FLOPs when any plan
 # tried does (and the forward pass holds no loop or function call, whose FLOPs op_flops
 # cannot count): step time grows with recompute (tf-slim ResNet-50 v1 at 224 px, batch 32,
@@ -764,10 +765,22 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     base = min((r for r in affordable if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
                key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
     best = base
-    late = _with_late_copies(base, runner)
-    if late is not None:
+    # late copies of the chosen plan and of the LATE_COPY_TRIES lowest: a plan's first
+    # layers may be what its late copies cut (Keras' VGG16 at 224 px, once fc1's weight
+    # gradient runs late: the third lowest plan peaks at block1's copies, 1451 MiB, and
+    # its late copies take that peak away, 1111 MiB; the two below it recompute too little
+    # of block1 to have late copies)
+    lowest = sorted(affordable, key=lambda r: (r.after.peak_bytes, r.extra_flops))
+    tried: list[BudgetCandidate] = []
+    for plan in [base, *lowest[:LATE_COPY_TRIES]]:
+        if any(plan is t for t in tried):
+            continue
+        tried.append(plan)
+        late = _with_late_copies(plan, runner)
+        if late is None:
+            continue
         runs = [*runs, late]
-        if late.after.peak_bytes < base.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
+        if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
                 late.extra_flops <= cap:
             best = late
     return MemoryPick(best, runs, capped, base)

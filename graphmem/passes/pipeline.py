@@ -22,6 +22,7 @@ from graphmem.passes.early_updates import EarlyUpdatesPass
 from graphmem.passes.fusion_guard import FusionGuardPass
 from graphmem.passes.in_place_terms import InPlaceTermsPass
 from graphmem.passes.last_readers import LastReadersPass
+from graphmem.passes.late_gradients import LateGradientsPass
 from graphmem.passes.late_terms import LateTermsPass
 from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
@@ -35,8 +36,9 @@ from graphmem.passes.swap import SwapPass
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
 # what recompute kept; large weight-decay terms are then added into their gradients in
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
-# last readers, late weight-decay terms, early updates) come next, as they order what the
-# others made; the regroup guard keeps their edges off the sums and products Grappler
+# last readers, late weight-decay terms, early updates, and late weight gradients, which
+# undo early updates where a gradient is far larger than its inputs) come next, as they
+# order what the others made; the regroup guard keeps their edges off the sums and products Grappler
 # regroups (which would round differently); the fusion guard checks the result as TF will
 # run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
@@ -50,6 +52,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     LastReadersPass(),
     LateTermsPass(),
     EarlyUpdatesPass(),
+    LateGradientsPass(),
     RegroupGuardPass(),
     FusionGuardPass(),
 )

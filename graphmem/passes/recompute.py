@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
-from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS
+from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS, FILTER_GRADIENTS
 from graphmem.analysis.loops import const_ints
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.analysis.towers import find_towers, tower_of
@@ -698,9 +698,43 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
                         triggers.add(w)
             elif can_hold(s):
                 triggers.add(s)
+                filters, biases = _weight_gradients_beside(index, s, backward)
+                held = [w for w in filters if w not in seen and can_hold(w)]
+                if held:  # the bias gradients TF merges with them, only with them
+                    held += [w for w in biases if w not in seen and can_hold(w)]
+                seen.update(held)
+                triggers.update(held)
             else:
                 queue.append(s)
     return triggers
+
+
+def _weight_gradients_beside(index: GraphIndex, s: int, backward: set[int]
+                             ) -> tuple[list[int], list[int]]:
+    """The weight gradients that read a backward tensor `s` reads: a layer's filter
+    gradient beside its input gradient (both read the gradient entering the layer).
+
+    Copies wait for them too, as for TF1's gradient tuples (`_tuple_siblings`), which a
+    `GradientTape` does not build: a filter gradient is the last reader of the incoming
+    gradient and of the layer's input, and recomputing the next segment while it is still
+    pending keeps both alive beside the new copies (Keras' VGG16 at 224 px: block2_conv1's
+    196 MiB incoming gradient and its 98 MiB input gradient, live through the
+    recomputation of block1). Returned with the bias gradients reading the same tensor:
+    TF merges each filter gradient with its bias gradient into one kernel
+    (passes/fusion_guard.py), so the copies wait for a bias gradient only where they wait
+    for a filter gradient beside it, as TF runs them."""
+    filters: list[int] = []
+    biases: list[int] = []
+    for x, k in index.data_inputs[s]:
+        if x not in backward:
+            continue
+        readers = [w for w in index.data_consumers(x)
+                   if w != s and w in backward and not index.in_loop(w)
+                   and (x, k) in index.data_inputs[w]]
+        if any(index.ops[w] in FILTER_GRADIENTS for w in readers):
+            filters += [w for w in readers if index.ops[w] in FILTER_GRADIENTS]
+            biases += [w for w in readers if index.ops[w] in BIAS_GRADIENTS]
+    return filters, biases
 
 
 def _tuple_siblings(index: GraphIndex, s: int) -> list[int]:

@@ -41,6 +41,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "reverted": result.reverted,
         "early_updates": result.early,
         "in_place_terms": result.passes.get("in-place terms"),
+        "late_gradients": result.passes.get("late gradients"),
         "regroup_guard": result.passes.get("regroup guard"),
         "fusion_guard": result.passes.get("fusion guard"),
         "loop_bodies_v1": _loops_v1_doc(result),
@@ -171,6 +172,12 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"in-place terms: {len(in_place.terms)} weight-decay terms are added into "
                       f"their gradient in {in_place.pieces} pieces "
                       f"({format_bytes(in_place.bytes)} no longer allocated beside it)")
+    late = result.passes.get("late gradients")
+    if late is not None and late.moved:
+        console.print(f"late gradients: {len(late.moved)} weight gradients far larger than "
+                      "their inputs wait for the backward pass's lowest point "
+                      f"({format_bytes(sum(m.bytes for m in late.moved))}; largest: "
+                      f"{late.moved[0].gradient}, after {late.moved[0].after})")
     regroup = result.passes.get("regroup guard")
     if regroup is not None and (regroup.changed or regroup.trees_changed):
         console.print(f"regroup guard: {regroup.edges_moved} ordering edges moved and "

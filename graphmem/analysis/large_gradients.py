@@ -1,0 +1,110 @@
+"""Weight gradients far larger than what they are made from.
+
+A fully connected layer's weight gradient is `x^T dy`: at VGG's fc1 a 25088 x 4096 matrix
+(392 MiB at any batch size) made from the flattened pool output (3 MiB at batch 32) and the
+layer's incoming gradient (0.5 MiB). The same holds for a convolution that plays a fully
+connected layer (tf-slim's AlexNet and VGG: fc6 is a VALID convolution over the whole
+feature map) and for its filter gradient. TF runs such a gradient as soon as its inputs
+are ready, at the top of the backward pass, where every checkpoint is still alive, and its
+update's temporaries (Keras' SGD: `momentum * velocity`, as large again) follow it there.
+Run later, it costs the step its own few MiB of inputs, held a little longer
+(passes/late_gradients.py picks where).
+
+A candidate is a backward op of a weight-gradient kind whose output is at least MIN_BYTES
+and at least RATIO times the bytes of its inputs (variables and constants not counted:
+they are persistent), whose output reaches an optimizer write through the backward and
+optimizer regions alone within a short walk, and is read by no backward op outside that
+walk: nothing of the backward chain waits for it. One pass over the backward ops, and a
+walk of at most WALK_BUDGET ops per candidate: linear in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphmem.analysis.kernel_fusions import FILTER_GRADIENTS
+from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write
+from graphmem.graph.index import GraphIndex
+
+MIN_BYTES = 16 * 2 ** 20
+RATIO = 8
+WALK_BUDGET = 64  # ops between a gradient and its update (Keras' momentum SGD: about 8)
+WEIGHT_GRADIENT_OPS = FILTER_GRADIENTS | {"MatMul", "_MklMatMul", "Conv2DBackpropFilterV2"}
+
+
+@dataclass
+class LargeGradient:
+    op: int  # the op making the gradient
+    bytes: int  # its output
+    input_bytes: int  # of its inputs that are not persistent
+    updates: list[int]  # the ops its output reaches by data edges: plumbing and update
+
+
+def large_gradients(index: GraphIndex, regions: Regions, step: set[int],
+                    batch_size: int | None) -> list[LargeGradient]:
+    """The candidates, largest first."""
+    sizes = index.output_bytes(batch_size)
+    backward, optimizer = regions.backward, regions.optimizer
+    found = []
+    for g in backward:
+        if index.ops[g] not in WEIGHT_GRADIENT_OPS or g not in step or index.in_loop(g) \
+                or index.may_be_dead(g):
+            continue
+        out = sizes(g)
+        if not out or out[0] is None or out[0] < MIN_BYTES:
+            continue
+        feed = 0
+        for s, k in index.data_inputs[g]:
+            if is_parameter_read(index, s):
+                continue
+            b = sizes(s)
+            if k >= len(b) or b[k] is None:
+                feed = None
+                break
+            feed += b[k]
+        if feed is None or feed * RATIO > out[0]:
+            continue
+        updates = _updates_of(index, g, backward, optimizer)
+        if updates:
+            found.append(LargeGradient(g, out[0], feed, updates))
+    found.sort(key=lambda c: (-c.bytes, index.position[c.op]))
+    return found
+
+
+def _updates_of(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
+                ) -> list[int] | None:
+    """The ops `g`'s output reaches by data edges (the gradient's plumbing, the optimizer's
+    arithmetic on it, its update), when all are backward or optimizer ops, none of them
+    a weight gradient (which would make `g` part of the chain), they hold a state write,
+    and there are at most WALK_BUDGET; then also the optimizer ops that wait for those
+    writes (Keras reads a slot back after writing it, then writes the variable). None
+    otherwise."""
+    seen, stack = {g}, [g]
+    reached: list[int] = []
+    writes = 0
+    while stack:
+        i = stack.pop()
+        for j in index.data_consumers(i):
+            if j in seen:
+                continue
+            seen.add(j)
+            if len(seen) > WALK_BUDGET or (j not in backward and j not in optimizer) or \
+                    index.ops[j] in WEIGHT_GRADIENT_OPS:
+                return None  # read by something that is not its own update
+            reached.append(j)
+            writes += is_state_write(index.ops[j])
+            stack.append(j)
+    if not writes:
+        return None
+    stack = [j for j in reached if j in optimizer]
+    while stack:
+        i = stack.pop()
+        for j in index.data_consumers(i) + index.control_consumers[i]:
+            if j in seen or j not in optimizer:
+                continue
+            seen.add(j)
+            if len(seen) > WALK_BUDGET:
+                return None
+            reached.append(j)
+            stack.append(j)
+    return reached

@@ -1,0 +1,206 @@
+"""Late weight gradients: a weight gradient far larger than its inputs runs where the
+backward pass holds least.
+
+The inverse of early updates (early_updates.py), for the gradients
+analysis/large_gradients.py finds: TF runs fc1's weight gradient of a VGG as soon as the
+incoming gradient arrives, at the top of the backward pass, beside every checkpoint the
+recompute plan keeps, and its update's temporaries follow it there (Keras' VGG16 at 224
+px, batch 32: its 392 MiB gradient and the optimizer's 392 MiB `momentum * velocity` on
+top of 568 MiB of checkpoints were the step's estimated peak). Its inputs are a few MiB;
+held until later in the step, they cost almost nothing.
+
+Where: the step is simulated (analysis/step_estimate.py) and the gradient is made to wait,
+by one control edge, for the backward op after which the simulated live bytes over the
+next LOOKAHEAD ops are the lowest, among those that do not depend on it. The early-update
+edges from its own update into the backward pass go first (they would close a cycle); no
+other edge is touched. The step is simulated again, and the move is kept only when the
+step holds less while the gradient and its update run than it held where they ran before
+(by more than the gradient's inputs and by 5% at least), and the peak rose by no more than
+the gradient's inputs, now held longer (the peak itself may be held elsewhere, by another part of the
+step: the plan search then sees the plans whose peak that was). Otherwise both edits are
+undone. At most MAX_MOVES gradients, largest first: each costs one simulation of the step.
+
+Only the order changes, never a value: the gradient and its update read what they read
+before; the update of a resource variable runs after every read of the value it
+replaces, as before (those edges into the update stay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from graphmem.analysis.large_gradients import LargeGradient, large_gradients
+from graphmem.analysis.memory import MemoryEstimate
+from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
+from graphmem.analysis.step_estimate import estimate_step
+from graphmem.graph.index import GraphIndex
+from graphmem.graph.workspace import Workspace
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
+
+LOOKAHEAD = 8  # ops after the anchor the gradient and its update are taken to run beside
+MAX_MOVES = 4
+MIN_GAIN_SHARE = 20  # a move must lower what is live beside the gradient by 5% at least
+
+
+@dataclass
+class MovedGradient:
+    gradient: str
+    bytes: int
+    after: str  # the backward op it now waits for
+
+
+@dataclass
+class LateGradientsPlan(PassPlan):
+    moved: list[MovedGradient] = field(default_factory=list)
+    dropped_edges: int = 0  # early-update edges of the moved gradients' updates
+    skipped: dict[str, int] = field(default_factory=dict)  # why -> gradients
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.moved)
+
+    @property
+    def skipped_reasons(self) -> dict[str, int]:
+        return dict(self.skipped)
+
+
+def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None,
+                         original: GraphIndex | None = None, backward_scopes=None,
+                         host_device: str | None = None) -> LateGradientsPlan:
+    """Edit `ws.graph_def` and `ws.index` in place (control edges only). `original`: the
+    index of the graph before the passes (theirs append nodes, so its ids hold); an edge
+    it has is the user's and is never dropped."""
+    index = ws.index
+    in_scope = scope_matcher(backward_scopes)
+    plan = LateGradientsPlan()
+    step = regions.step_nodes(index)
+    candidates = large_gradients(index, regions, step, batch_size)
+    if not candidates:
+        return plan
+
+    def simulate() -> MemoryEstimate:
+        return estimate_step(ws, regions, batch_size, backward_scopes, top=0,
+                             keep_timeline=True, host_device=host_device)
+
+    before = simulate()
+    for c in candidates[:MAX_MOVES]:
+        g = c.op
+        position = {op: p for p, op in enumerate(before.order)}
+        if g not in position:
+            _skip(plan, "not in the simulated step")
+            continue
+        ours = set(c.updates)
+        dropped = [(u, x) for u in c.updates for x in index.control_consumers[u]
+                   if x in regions.backward and x not in ours
+                   and not _original_edge(original, u, x)]
+        remove_edges(index, dropped)
+        anchor = _lowest_point(index, regions, in_scope, before, position, g, ours)
+        if anchor is None:
+            _restore(index, dropped)
+            _skip(plan, "no backward op after it that does not depend on it")
+            continue
+        added = add_edge_groups(index, {g: [(anchor, g)]})
+        if not added:
+            _restore(index, dropped)
+            _skip(plan, "its edge would close a cycle")
+            continue
+        after = simulate()
+        if not _better(index, before, after, g, ours, c):
+            remove_edges(index, added)
+            _restore(index, dropped)
+            _skip(plan, "the simulated step was not lower")
+            continue
+        plan.moved.append(MovedGradient(index.names[g], c.bytes, index.names[anchor]))
+        plan.dropped_edges += len(dropped)
+        before = after
+    return plan
+
+
+def _lowest_point(index: GraphIndex, regions: Regions, in_scope, est: MemoryEstimate,
+                  position: dict[int, int], g: int, ours: set[int]) -> int | None:
+    """The op of the gradient scope after `g` (in the simulated order) with the lowest live
+    bytes over the LOOKAHEAD ops from it, outside the span where `g` and its update run
+    now, that does not depend on `g`."""
+    order, timeline = est.order, est.timeline
+    span_end = _span(index, position, g, ours)[1]
+    depends = index.descendants([g])
+    best, best_bytes = None, None
+    n = len(index)
+    for p in range(position[g] + 1, len(order)):
+        a = order[p]
+        if p <= span_end or a >= n or a not in regions.backward or a in depends or \
+                not in_scope(index.names[a]) or index.in_loop(a) or index.may_be_dead(a):
+            continue
+        here = max(timeline[p:p + LOOKAHEAD])
+        if best_bytes is None or here < best_bytes:
+            best, best_bytes = a, here
+    return best
+
+
+def _better(index: GraphIndex, before: MemoryEstimate, after: MemoryEstimate,
+            g: int, ours: set[int], c: LargeGradient) -> bool:
+    """The step holds less while the gradient and its update run (from `g` to the last of
+    its writes) than it held where they ran before, by more than the gradient's inputs and
+    by at least 1/MIN_GAIN_SHARE of it, and its peak rose by no more than the gradient's
+    inputs (held longer now: where the peak is elsewhere, they may be live there)."""
+    if after.peak_bytes > before.peak_bytes + c.input_bytes:
+        return False
+    then = _held_while(index, before, g, ours)
+    now = _held_while(index, after, g, ours)
+    return then is not None and now is not None and \
+        now <= then - max(c.input_bytes, then // MIN_GAIN_SHARE)
+
+
+def _held_while(index: GraphIndex, est: MemoryEstimate, g: int, ours: set[int]) -> int | None:
+    """The most bytes live from `g` to the last of its update's writes, in `est`'s order."""
+    position = {op: p for p, op in enumerate(est.order)}
+    if g not in position:
+        return None
+    start, end = _span(index, position, g, ours)
+    return max(est.timeline[start:end + 1])
+
+
+def _span(index: GraphIndex, position: dict[int, int], g: int, ours: set[int]
+          ) -> tuple[int, int]:
+    """Where `g` runs and where the last of its updates' writes runs, in the order simulated
+    (ops that wait for every update, a train op's group, run at the end: not counted)."""
+    start = position[g]
+    return start, max((position[u] for u in ours
+                       if u in position and is_state_write(index.ops[u])), default=start)
+
+
+def _original_edge(original: GraphIndex | None, u: int, x: int) -> bool:
+    return original is not None and x < len(original) and u in original.control_inputs[x]
+
+
+def _restore(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
+    for u, v in edges:
+        index.graph_def.node[v].input.append("^" + index.names[u])
+    if edges:
+        index.add_control_edges(edges)
+
+
+def _skip(plan: LateGradientsPlan, why: str) -> None:
+    plan.skipped[why] = plan.skipped.get(why, 0) + 1
+
+
+# ---- the pass, under the pipeline's contract (base.py) ---------------------------------
+class LateGradientsPass(Pass):
+    """Large weight gradients wait for the backward pass's lowest point."""
+
+    name, edits = "late gradients", Edits.CONTROL_EDGES
+
+    def enabled(self, options) -> bool:
+        return options.early_updates
+
+    def applies(self, context: PassContext) -> bool:
+        regions = context.regions
+        return bool(large_gradients(context.index, regions, regions.step_nodes(context.index),
+                                    context.options.batch_size))
+
+    def run(self, context: PassContext) -> LateGradientsPlan:
+        ws = context.ws
+        assert ws.index is context.index  # control-edge passes get the workspace's index
+        o = context.options
+        return apply_late_gradients(ws, context.regions, o.batch_size, context.given_index,
+                                    o.backward_scopes, o.swap.host if o.swap else None)
