@@ -64,10 +64,11 @@ def test_the_rewrite_trains_the_same(vgg_head, tmp_path):
         assert r.same_training and r.max_variable_diff == 0, (grappler, r.mismatches)
 
 
-def _dense_gradient(rows: int, cols: int, batch: int, weight_read: bool = False) -> G:
+def _dense_gradient(rows: int, cols: int, batch: int, weight_read: bool = False,
+                    all_reduced: bool = False) -> G:
     """x (batch x rows) and dy (batch x cols) -> dW = x^T dy (rows x cols), applied to w.
     With `weight_read`, the gradient also feeds the backward chain (dx reads it), so it is
-    not a weight gradient's own."""
+    not a weight gradient's own; with `all_reduced`, an all-reduce sums it first."""
     g = G()
     g.op("x", "Placeholder", shape=(batch, rows))
     g.relu_loss("x", (batch, rows), "gradient_tape")
@@ -75,7 +76,11 @@ def _dense_gradient(rows: int, cols: int, batch: int, weight_read: bool = False)
     g.op("gradient_tape/dy_small", "MatMul", "gradient_tape/dy", "proj", shape=(batch, cols))
     g.op("gradient_tape/dw", "MatMul", "x", "gradient_tape/dy_small", shape=(rows, cols))
     g.op("w", "VarHandleOp", shape=())
-    g.op("apply_w", "ResourceApplyGradientDescent", "w", "gradient_tape/dw", shape=())
+    grad = "gradient_tape/dw"
+    if all_reduced:  # a data-parallel replica's: summed over the replicas first
+        g.op("gradient_tape/dw_sum", "CollectiveReduceV2", grad, shape=(rows, cols))
+        grad = "gradient_tape/dw_sum"
+    g.op("apply_w", "ResourceApplyGradientDescent", "w", grad, shape=())
     if weight_read:
         g.op("gradient_tape/dx", "MatMul", "gradient_tape/dw", "gradient_tape/dy_small",
              shape=(rows, batch))
@@ -100,6 +105,10 @@ def test_candidates_are_large_gradients_of_small_inputs_read_by_their_update_alo
     assert not large_gradients(index, regions, regions.step_nodes(index), None)
     # inputs not much smaller than the output: batch 1024 makes x 16 MiB
     index = _dense_gradient(rows, cols, 1024).index()
+    regions = analyze_regions(index)
+    assert not large_gradients(index, regions, regions.step_nodes(index), None)
+    # all-reduced: moving it could change the replicas' collective order
+    index = _dense_gradient(rows, cols, 8, all_reduced=True).index()
     regions = analyze_regions(index)
     assert not large_gradients(index, regions, regions.step_nodes(index), None)
     # read by the backward chain, not only by its update

@@ -14,7 +14,8 @@ A candidate is a backward op of a weight-gradient kind whose output is at least 
 and at least RATIO times the bytes of its inputs (variables and constants not counted:
 they are persistent), whose output reaches an optimizer write through the backward and
 optimizer regions alone within a short walk, and is read by no backward op outside that
-walk: nothing of the backward chain waits for it. One pass over the backward ops, and a
+walk (nothing of the backward chain waits for it) and by no collective op (an all-reduce
+of data-parallel replicas, whose order a move could change). One pass over the backward ops, and a
 walk of at most WALK_BUDGET ops per candidate: linear in the graph.
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from graphmem.analysis.kernel_fusions import FILTER_GRADIENTS
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write
+from graphmem.analysis.towers import is_collective
 from graphmem.graph.index import GraphIndex
 
 MIN_BYTES = 16 * 2 ** 20
@@ -89,8 +91,10 @@ def _updates_of(index: GraphIndex, g: int, backward: set[int], optimizer: set[in
                 continue
             seen.add(j)
             if len(seen) > WALK_BUDGET or (j not in backward and j not in optimizer) or \
-                    index.ops[j] in WEIGHT_GRADIENT_OPS:
-                return None  # read by something that is not its own update
+                    index.ops[j] in WEIGHT_GRADIENT_OPS or is_collective(index.ops[j]):
+                # read by something that is not its own update, or all-reduced: every
+                # replica must issue its collectives in one order, which a move could change
+                return None
             reached.append(j)
             writes += is_state_write(index.ops[j])
             stack.append(j)

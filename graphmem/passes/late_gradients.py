@@ -33,6 +33,7 @@ from graphmem.analysis.large_gradients import LargeGradient, large_gradients
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
 from graphmem.analysis.step_estimate import estimate_step
+from graphmem.analysis.towers import tower_of
 from graphmem.graph.index import GraphIndex
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
@@ -120,16 +121,18 @@ def _lowest_point(index: GraphIndex, regions: Regions, in_scope, est: MemoryEsti
                   position: dict[int, int], g: int, ours: set[int]) -> int | None:
     """The op of the gradient scope after `g` (in the simulated order) with the lowest live
     bytes over the LOOKAHEAD ops from it, outside the span where `g` and its update run
-    now, that does not depend on `g`."""
+    now, that does not depend on `g` and runs on its device."""
     order, timeline = est.order, est.timeline
     span_end = _span(index, position, g, ours)[1]
     depends = index.descendants([g])
+    device = tower_of(index, g)  # with several towers, each waits for its own
     best, best_bytes = None, None
     n = len(index)
     for p in range(position[g] + 1, len(order)):
         a = order[p]
         if p <= span_end or a >= n or a not in regions.backward or a in depends or \
-                not in_scope(index.names[a]) or index.in_loop(a) or index.may_be_dead(a):
+                not in_scope(index.names[a]) or index.in_loop(a) or index.may_be_dead(a) or \
+                tower_of(index, a) != device:
             continue
         here = max(timeline[p:p + LOOKAHEAD])
         if best_bytes is None or here < best_bytes:
