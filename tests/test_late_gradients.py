@@ -98,7 +98,7 @@ def test_candidates_are_large_gradients_of_small_inputs_read_by_their_update_alo
     found = large_gradients(index, regions, regions.step_nodes(index), None)
     assert [index.names[c.op] for c in found] == ["gradient_tape/dw"]
     assert found[0].bytes == rows * cols * 4
-    assert index.id_of["apply_w"] in found[0].updates
+    assert index.id_of["apply_w"] in found[0].own_ops
     # too small
     index = _dense_gradient(512, 512, 8).index()
     regions = analyze_regions(index)

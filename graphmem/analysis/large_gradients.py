@@ -39,7 +39,15 @@ class LargeGradient:
     op: int  # the op making the gradient
     bytes: int  # its output
     input_bytes: int  # of its inputs that are not persistent
-    updates: list[int]  # the ops its output reaches by data edges: plumbing and update
+    own_ops: list[int]  # the ops only it feeds: its plumbing, the optimizer's arithmetic
+    # on it, its update, and the optimizer ops that wait for that update
+
+
+def has_large_outputs(index: GraphIndex, regions: Regions, batch_size: int | None) -> bool:
+    """Whether any backward op of a weight-gradient kind makes MIN_BYTES or more: the cheap
+    test before `large_gradients` (no walks)."""
+    sizes = index.output_bytes(batch_size)
+    return any(_large_output(index, sizes, g) for g in regions.backward)
 
 
 def large_gradients(index: GraphIndex, regions: Regions, step: set[int],
@@ -49,12 +57,10 @@ def large_gradients(index: GraphIndex, regions: Regions, step: set[int],
     backward, optimizer = regions.backward, regions.optimizer
     found = []
     for g in backward:
-        if index.ops[g] not in WEIGHT_GRADIENT_OPS or g not in step or index.in_loop(g) \
+        if not _large_output(index, sizes, g) or g not in step or index.in_loop(g) \
                 or index.may_be_dead(g):
             continue
         out = sizes(g)
-        if not out or out[0] is None or out[0] < MIN_BYTES:
-            continue
         feed = 0
         for s, k in index.data_inputs[g]:
             if is_parameter_read(index, s):
@@ -66,14 +72,21 @@ def large_gradients(index: GraphIndex, regions: Regions, step: set[int],
             feed += b[k]
         if feed is None or feed * RATIO > out[0]:
             continue
-        updates = _updates_of(index, g, backward, optimizer)
-        if updates:
-            found.append(LargeGradient(g, out[0], feed, updates))
+        own = _own_ops(index, g, backward, optimizer)
+        if own:
+            found.append(LargeGradient(g, out[0], feed, own))
     found.sort(key=lambda c: (-c.bytes, index.position[c.op]))
     return found
 
 
-def _updates_of(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
+def _large_output(index: GraphIndex, sizes, g: int) -> bool:
+    if index.ops[g] not in WEIGHT_GRADIENT_OPS:
+        return False
+    out = sizes(g)
+    return bool(out) and out[0] is not None and out[0] >= MIN_BYTES
+
+
+def _own_ops(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
                 ) -> list[int] | None:
     """The ops `g`'s output reaches by data edges (the gradient's plumbing, the optimizer's
     arithmetic on it, its update), when all are backward or optimizer ops, none of them

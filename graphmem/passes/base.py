@@ -47,11 +47,17 @@ def add_edge_groups(index: GraphIndex, edges: dict) -> list[tuple[int, int]]:
     for key in closing_cycles(index, edges):
         del edges[key]
     added = [e for group in edges.values() for e in group]
-    for src, dst in added:
-        index.graph_def.node[dst].input.append("^" + index.names[src])
-    if added:
-        index.add_control_edges(added)
+    add_edges(index, added)
     return added
+
+
+def add_edges(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
+    """Add the control edges (source, destination) to the graph and the index in place,
+    unchecked: for edges known to close no cycle (ones a pass removed and puts back)."""
+    for src, dst in edges:
+        index.graph_def.node[dst].input.append("^" + index.names[src])
+    if edges:
+        index.add_control_edges(edges)
 
 
 def remove_edges(index: GraphIndex, edges: list[tuple[int, int]]) -> None:

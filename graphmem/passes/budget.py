@@ -767,9 +767,9 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     best = base
     # late copies of the chosen plan and of the LATE_COPY_TRIES lowest: a plan's first
     # layers may be what its late copies cut (Keras' VGG16 at 224 px, once fc1's weight
-    # gradient runs late: the third lowest plan peaks at block1's copies, 1451 MiB, and
-    # its late copies take that peak away, 1111 MiB; the two below it recompute too little
-    # of block1 to have late copies)
+    # gradient runs late: the third lowest plan peaks at block1's copies, 1451 MiB
+    # estimated, and its late copies take that peak away, 1111 MiB estimated; the two
+    # below it recompute too little of block1 to have late copies)
     lowest = sorted(affordable, key=lambda r: (r.after.peak_bytes, r.extra_flops))
     tried: list[BudgetCandidate] = []
     for plan in [base, *lowest[:LATE_COPY_TRIES]]:

@@ -6,7 +6,7 @@ analysis/large_gradients.py finds: TF runs fc1's weight gradient of a VGG as soo
 incoming gradient arrives, at the top of the backward pass, beside every checkpoint the
 recompute plan keeps, and its update's temporaries follow it there (Keras' VGG16 at 224
 px, batch 32: its 392 MiB gradient and the optimizer's 392 MiB `momentum * velocity` on
-top of 568 MiB of checkpoints were the step's estimated peak). Its inputs are a few MiB;
+top of 568 MiB of checkpoints were the step's estimated peak, in every plan). Its inputs are a few MiB;
 held until later in the step, they cost almost nothing.
 
 Where: the step is simulated (analysis/step_estimate.py) and the gradient is made to wait,
@@ -15,10 +15,11 @@ next LOOKAHEAD ops are the lowest, among those that do not depend on it. The ear
 edges from its own update into the backward pass go first (they would close a cycle); no
 other edge is touched. The step is simulated again, and the move is kept only when the
 step holds less while the gradient and its update run than it held where they ran before
-(by more than the gradient's inputs and by 5% at least), and the peak rose by no more than
-the gradient's inputs, now held longer (the peak itself may be held elsewhere, by another part of the
-step: the plan search then sees the plans whose peak that was). Otherwise both edits are
-undone. At most MAX_MOVES gradients, largest first: each costs one simulation of the step.
+(by more than the gradient's inputs and by 5% at least), and the peak rose by no more
+than the gradient's inputs, now held longer (the peak itself may be held elsewhere, by
+another part of the step: the plan search then sees the plans whose peak that was).
+Otherwise both edits are undone. At most MAX_MOVES gradients, largest first: each costs
+one simulation of the step.
 
 Only the order changes, never a value: the gradient and its update read what they read
 before; the update of a resource variable runs after every read of the value it
@@ -29,14 +30,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graphmem.analysis.large_gradients import LargeGradient, large_gradients
+from graphmem.analysis.large_gradients import (
+    LargeGradient,
+    has_large_outputs,
+    large_gradients,
+)
 from graphmem.analysis.memory import MemoryEstimate
 from graphmem.analysis.regions import Regions, is_state_write, scope_matcher
 from graphmem.analysis.step_estimate import estimate_step
 from graphmem.analysis.towers import tower_of
 from graphmem.graph.index import GraphIndex
 from graphmem.graph.workspace import Workspace
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
+from graphmem.passes.base import (
+    Edits,
+    Pass,
+    PassContext,
+    PassPlan,
+    add_edge_groups,
+    add_edges,
+    remove_edges,
+)
 
 LOOKAHEAD = 8  # ops after the anchor the gradient and its update are taken to run beside
 MAX_MOVES = 4
@@ -90,25 +103,25 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
         if g not in position:
             _skip(plan, "not in the simulated step")
             continue
-        ours = set(c.updates)
-        dropped = [(u, x) for u in c.updates for x in index.control_consumers[u]
+        ours = set(c.own_ops)
+        dropped = [(u, x) for u in c.own_ops for x in index.control_consumers[u]
                    if x in regions.backward and x not in ours
                    and not _original_edge(original, u, x)]
         remove_edges(index, dropped)
         anchor = _lowest_point(index, regions, in_scope, before, position, g, ours)
         if anchor is None:
-            _restore(index, dropped)
+            add_edges(index, dropped)
             _skip(plan, "no backward op after it that does not depend on it")
             continue
         added = add_edge_groups(index, {g: [(anchor, g)]})
         if not added:
-            _restore(index, dropped)
+            add_edges(index, dropped)
             _skip(plan, "its edge would close a cycle")
             continue
         after = simulate()
         if not _better(index, before, after, g, ours, c):
             remove_edges(index, added)
-            _restore(index, dropped)
+            add_edges(index, dropped)
             _skip(plan, "the simulated step was not lower")
             continue
         plan.moved.append(MovedGradient(index.names[g], c.bytes, index.names[anchor]))
@@ -176,13 +189,6 @@ def _original_edge(original: GraphIndex | None, u: int, x: int) -> bool:
     return original is not None and x < len(original) and u in original.control_inputs[x]
 
 
-def _restore(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
-    for u, v in edges:
-        index.graph_def.node[v].input.append("^" + index.names[u])
-    if edges:
-        index.add_control_edges(edges)
-
-
 def _skip(plan: LateGradientsPlan, why: str) -> None:
     plan.skipped[why] = plan.skipped.get(why, 0) + 1
 
@@ -197,9 +203,7 @@ class LateGradientsPass(Pass):
         return options.early_updates
 
     def applies(self, context: PassContext) -> bool:
-        regions = context.regions
-        return bool(large_gradients(context.index, regions, regions.step_nodes(context.index),
-                                    context.options.batch_size))
+        return has_large_outputs(context.index, context.regions, context.options.batch_size)
 
     def run(self, context: PassContext) -> LateGradientsPlan:
         ws = context.ws

@@ -717,9 +717,9 @@ def _weight_gradients_beside(index: GraphIndex, s: int, backward: set[int]
     Copies wait for them too, as for TF1's gradient tuples (`_tuple_siblings`), which a
     `GradientTape` does not build: a filter gradient is the last reader of the incoming
     gradient and of the layer's input, and recomputing the next segment while it is still
-    pending keeps both alive beside the new copies (Keras' VGG16 at 224 px: block2_conv1's
-    196 MiB incoming gradient and its 98 MiB input gradient, live through the
-    recomputation of block1). Returned with the bias gradients reading the same tensor:
+    pending keeps both alive beside the new copies (Keras' VGG16 at 224 px, in the
+    estimate's live set: block2_conv1's 196 MiB incoming gradient and its 98 MiB input
+    gradient, live through the recomputation of block1). Returned with the bias gradients reading the same tensor:
     TF merges each filter gradient with its bias gradient into one kernel
     (passes/fusion_guard.py), so the copies wait for a bias gradient only where they wait
     for a filter gradient beside it, as TF runs them."""
