@@ -34,6 +34,9 @@ STEPS, VOCAB, WIDTH = 32, 500, 64
 # prediction; `size` is their sequence length. transformer_lm: the base transformer of
 # Vaswani et al. (2017) as a causal LM, pre-layer-norm as GPT-2
 LMS = {"transformer_lm": (6, 512, 8, 8192)}
+# LSTM language models (layers, units, vocabulary): lstm_lm is the large model of Zaremba
+# et al. (2014), 2 x 1500 units over 10,000 words, trained at sequence length 35
+RNN_LMS = {"lstm_lm": (2, 1500, 10000)}
 
 
 def _application(name: str, size: int):
@@ -94,6 +97,18 @@ def _language_model(name: str, seq: int):
     return keras.Model(inp, logits), [None, seq], "int32"
 
 
+def _lstm_language_model(name: str, seq: int):
+    import keras
+
+    depth, units, vocab = RNN_LMS[name]
+    inp = keras.Input((seq,), dtype="int32")
+    h = keras.layers.Embedding(vocab, units)(inp)
+    for n in range(depth):
+        h = keras.layers.LSTM(units, return_sequences=True)(h)
+        h = keras.layers.Dropout(0.65, seed=n)(h)
+    return keras.Model(inp, keras.layers.Dense(vocab)(h)), [None, seq], "int32"
+
+
 def build(name: str, path: Path, size: int | None = None) -> None:
     """Save `name` as a TF2 train-step SavedModel at `path`; an application at `size` px
     (its canonical size in benchmarks/networks_bench.py) instead of this benchmark's."""
@@ -105,10 +120,13 @@ def build(name: str, path: Path, size: int | None = None) -> None:
     keras.utils.set_random_seed(0)
     if name in LMS:
         model, shape, dtype = _language_model(name, size or STEPS)
+    elif name in RNN_LMS:
+        model, shape, dtype = _lstm_language_model(name, size or STEPS)
     else:
         model, shape, dtype = _text(name) if name in TEXT else _application(
             name, size or APPLICATIONS[name])
-    text = name in TEXT or name in LMS
+    lm = name in LMS or name in RNN_LMS
+    text = name in TEXT or lm
     seeds = [layer.seed_generator.state for layer in model._flatten_layers()
              if getattr(layer, "seed_generator", None) is not None]
 
@@ -124,7 +142,7 @@ def build(name: str, path: Path, size: int | None = None) -> None:
         def train_step(self, x, y):
             with tf.GradientTape() as tape:
                 logits = self.model(x, training=True)
-                if name in LMS:  # each position predicts the next token of x
+                if lm:  # each position predicts the next token of x
                     y, logits = x[:, 1:], logits[:, :-1]
                 loss = tf.reduce_mean(
                     tf.keras.losses.sparse_categorical_crossentropy(

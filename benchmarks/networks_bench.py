@@ -14,6 +14,8 @@ or, named `keras_<Application>`, from Keras applications (saved as TF2 train-ste
 SavedModels by benchmarks/keras_models_bench.py, SGD with momentum, at 224 or 299 px);
 `keras_transformer_lm` is the base transformer (6 layers, width 512, 8 heads, vocabulary
 8192) as a causal language model at sequence length 256, Adam (run it with `--batch 16`);
+`keras_lstm_lm` the large LSTM language model of Zaremba et al. (2 x 1500 units, vocabulary
+10,000) at sequence length 35, Adam (its batch: `--batch 20`);
 and
 the slim ones are built as slim's own training scripts build them (benchmarks/slim_models_bench.py:
 weight decay, batch norm with its moving averages in `UPDATE_OPS`, Momentum, auxiliary heads),
@@ -66,7 +68,7 @@ SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
          "keras_DenseNet121": 224, "keras_EfficientNetB0": 224, "keras_Xception": 299,
          "keras_VGG16": 224, "keras_MobileNetV3Small": 224, "keras_ResNet50V2": 224,
-         "keras_transformer_lm": 256}  # an LM's: its sequence
+         "keras_transformer_lm": 256, "keras_lstm_lm": 35}  # an LM's: its sequence
 KERAS = "keras_"  # Keras applications, saved as TF2 train-step SavedModels
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
 

@@ -254,3 +254,72 @@ def test_grappler_lowered_v2_loop_keeps_its_sizes():
     # both hold the 12 steps of the cell's gates, states and inputs (~0.9 MiB): within
     # 15% of each other
     assert 0.85 < lowered.estimated_peak_bytes / graph.estimated_peak_bytes < 1.15
+
+
+# ---- iterations run ahead of a gradient loop's running sums ------------------------------
+RW = 384  # a [RW, RW] float32 weight: 576 KiB, a term large enough to run ahead
+RT = 8  # steps; tf.while_loop's parallel_iterations is 10, so 7 iterations run ahead
+
+
+def _v2_matmul_loop():
+    """h_{t+1} = tanh(h_t . w), RT steps, control flow v2: the gradient loop sums w's
+    gradient over the iterations (`sum + h_t^T . d_z`), a term as large as w."""
+    tf = pytest.importorskip("tensorflow")
+    v1 = tf.compat.v1
+    v1.enable_control_flow_v2()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None, RW], name="x")
+        w = v1.get_variable("w", [RW, RW], initializer=v1.glorot_uniform_initializer(),
+                            use_resource=True)
+        _, h = tf.while_loop(lambda i, h: i < RT,
+                             lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                             [tf.constant(0), x])
+        v1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
+    from graphmem.graph.index import GraphIndex
+    from graphmem.graph.opdefs import OpRegistry
+
+    graph_def = protos.GraphDef()
+    graph_def.ParseFromString(graph.as_graph_def(add_shapes=True).SerializeToString())
+    return graph_def, GraphIndex.build(graph_def, OpRegistry.for_graph(graph_def))
+
+
+def test_iterations_run_ahead_of_a_gradient_loops_running_sum():
+    """Each gradient iteration's term waits for the Add of the sum, and up to
+    parallel_iterations of them exist at once (a Keras LSTM measured 63 kernel-sized
+    terms live): the estimate counts parallel_iterations - 1 more terms, each its own
+    allocation, while the gradient While runs."""
+    _, ix = _v2_matmul_loop()
+    facts = analyze_loops(ix, B, body_peak=loop_body_peak)
+    term = RW * RW * 4
+    grad = [lp for lp in facts.loops if lp.run_ahead_bytes]
+    assert len(grad) == 1 and "while_grad" in grad[0].name
+    assert grad[0].run_ahead_bytes == (RT - 1) * term
+    assert facts.run_ahead[ix.id_of[grad[0].name]] == [term] * (RT - 1)
+    # the forward loop sums nothing
+    assert all(lp.run_ahead_bytes == 0 for lp in facts.loops if lp is not grad[0])
+    # the gradient body's own iteration holds one term more
+    assert estimate_memory(ix, B).peak_bytes >= RT * term
+
+
+def test_held_running_sums_do_not_run_ahead(tmp_path):
+    """The loop-bodies rewrite makes each term wait for the incoming sum: one term at a
+    time, so no iterations' terms are counted beyond the body's own."""
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+
+    graph_def, ix = _v2_matmul_loop()
+    meta = protos.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    src, out = tmp_path / "loop.meta", tmp_path / "out.meta"
+    src.write_bytes(meta.SerializeToString())
+    result = rewrite_file(src, out, RewriteOptions("memory", [], B))
+    assert not result.reverted
+    ws = Workspace.open(load_model(out), batch_size=B)
+    facts = analyze_loops(ws.index, B, body_peak=loop_body_peak)
+    assert facts.run_ahead == {}
+    assert all(lp.run_ahead_bytes == 0 for lp in facts.loops)
+    ahead = (RT - 1) * RW * RW * 4
+    assert result.before.estimated_bytes >= ahead
+    assert result.after.estimated_bytes <= result.before.estimated_bytes - ahead

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from graphmem.graph import dtypes
-from graphmem.graph.index import V2_LOOP_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.dtypes import FLOATS
+from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor, nbytes
 
 _FORWARDS = frozenset({"Identity", "Enter", "RefEnter", "Cast", "Snapshot", "StopGradient"})
 _COMPARE = frozenset({"Less", "LessEqual", "Greater", "GreaterEqual"})
@@ -42,6 +43,9 @@ class Loop:
     trip_count: int | None
     how: str  # how the trip count was found, or why it could not be
     accumulators: int = 0  # values it keeps per iteration for the gradient
+    # bytes of running-sum terms that iterations run ahead of the sum can hold at once,
+    # beyond one iteration's (running_sums below); 0 when every term waits for its sum
+    run_ahead_bytes: int = 0
 
 
 @dataclass
@@ -67,6 +71,9 @@ class LoopFacts:
     outer_frame: dict[str, str] = field(default_factory=dict)  # frame -> outermost frame
     output_bytes: dict[Tensor, int] = field(default_factory=dict)
     body_peak: dict[int, int] = field(default_factory=dict)
+    # While -> the allocations of the running-sum terms its iterations run ahead can hold
+    # beyond one iteration's (each its own request, as TF allocates them)
+    run_ahead: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def notes(self) -> list[str]:
@@ -88,7 +95,8 @@ class LoopFacts:
         return {push: last.get(f, end) for push, f in self.release_frame.items()}
 
     def is_empty(self) -> bool:
-        return not (self.push_steps or self.output_bytes or self.body_peak)
+        return not (self.push_steps or self.output_bytes or self.body_peak
+                    or self.run_ahead)
 
 
 # the peak of one iteration of a v2 loop body: (body index, batch size, library, depth) ->
@@ -534,6 +542,9 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
     facts.body_peak[w] = body.peak
     ins = index.data_inputs[w]
     trip, how = _v2_trip(index, w, values, body, cond)
+    ahead = _run_ahead_terms(index, w, body, trip, values.batch_size)
+    if ahead:
+        facts.run_ahead[w] = ahead
     counted: set[Tensor] = set()
     accumulators = 0
     # PushBack (gradient accumulators) before SetItem (TensorArray writes): an element in
@@ -573,7 +584,82 @@ def _v2_while(index: GraphIndex, w: int, values: StaticValues, bodies: _Bodies,
                 start = values.scalar(ins[k])
                 if start is not None:
                     values.extra[(w, k)] = start + trip * c
-    facts.loops.append(Loop(name, "v2", trip, how, accumulators))
+    facts.loops.append(Loop(name, "v2", trip, how, accumulators, sum(ahead)))
+
+
+@dataclass(frozen=True)
+class RunningSum:
+    """A loop variable summed over the iterations: `sum_out = Add(sum_in, term, ...)`."""
+
+    arg: int  # the body's `_Arg` of the variable (sum_in)
+    op: int  # the sum returned for it
+    terms: tuple[Tensor, ...]  # what is added each iteration
+
+    def held(self, ix: GraphIndex) -> bool:
+        """Whether every term waits for the incoming sum (loop_recompute's edges)."""
+        return all(self.arg in ix.control_inputs[p] for p, _ in self.terms)
+
+
+def running_sums(ix: GraphIndex, args: dict[int, int],
+                 rets: dict[int, Tensor]) -> list[RunningSum]:
+    """The floating loop variables of a v2 loop body (`args`: position -> `_Arg`, `rets`:
+    position -> the tensor returned) that each iteration adds a term to. A gradient loop
+    sums a loop-invariant weight's gradient so (an LSTM kernel's, `h^T . d_gates`), and
+    since a term needs nothing from the sum, TF's executor runs up to `parallel_iterations`
+    iterations ahead of it, each term waiting for the Add: measured on a Keras LSTM, 63
+    kernel-sized terms live at once."""
+    from graphmem.graph.function_view import ARG_OP
+
+    found = []
+    for k, r in rets.items():
+        arg = args.get(k)
+        if r is None or arg is None:
+            continue
+        op = ix.through_identity(r[0])
+        if ix.ops[op] not in SUM_OPS or ix.dtype((arg, 0)) not in FLOATS:
+            continue
+        ins = ix.data_inputs[op]
+        if not any(ix.through_identity(s) == arg for s, _ in ins):
+            continue
+        terms = tuple(dict.fromkeys(
+            (s, j) for s, j in ins if ix.through_identity(s) != arg
+            and ix.ops[s] not in (ARG_OP, "Const")))
+        if terms:
+            found.append(RunningSum(arg, op, terms))
+    return found
+
+
+# Terms smaller than this were not seen to run ahead: TF runs such small kernels inline
+# in its steady state (benchmarks/inline_ops.py: ops moving 128-256 KiB ran inline in 20%
+# of cases, larger ones almost never), and a GRU of the model sweep (12 steps, 10 KiB
+# terms) measured about two iterations' terms over one, never eleven.
+RUN_AHEAD_MIN_BYTES = 256 * 1024
+
+
+def _run_ahead_terms(index: GraphIndex, w: int, body: _Body, trip: int | None,
+                     batch_size: int | None) -> list[int]:
+    """What iterations run ahead of a loop's running sums hold beyond one iteration, one
+    entry per allocation: `min(parallel_iterations, trip) - 1` more terms of each sum
+    whose terms do not wait for it, for terms of at least RUN_AHEAD_MIN_BYTES. An unknown
+    trip count is taken as `parallel_iterations`: the bound a training run can reach
+    (traced on a Keras LSTM and on a TF1 LSTM in a v2 loop, 64 steps: 31 iterations'
+    terms live beside the current one's, `parallel_iterations` being 32)."""
+    attrs = index.node(w).attr  # (asked with `in`: indexing a map would add the key)
+    parallel = (attrs["parallel_iterations"].i if "parallel_iterations" in attrs else 0) or 10
+    ahead = min(parallel, trip if trip is not None else parallel) - 1
+    if ahead <= 0:
+        return []
+    rets = {k: r for k, r in enumerate(body.rets) if r is not None}
+    sizes = body.index.output_bytes(batch_size)
+    terms = []
+    for s in running_sums(body.index, body.args, rets):
+        if s.held(body.index):
+            continue
+        for p, j in s.terms:
+            out = sizes(p)
+            if j < len(out) and out[j] and out[j] >= RUN_AHEAD_MIN_BYTES:
+                terms.append(out[j])
+    return terms * ahead
 
 
 def _invariant_arg(body: _Body, arg: int) -> bool:

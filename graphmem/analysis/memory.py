@@ -385,6 +385,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     pop_source = loops.pop_source if loops else {}
     list_bytes = loops.output_bytes if loops else {}
     body_peak = loops.body_peak if loops else {}
+    run_ahead = loops.run_ahead if loops else {}
     frame_end = _frame_ends(order, index.frame)
     release_at = loops.release_positions(frame_end) if loops else {}
     stacks = _Stacks()
@@ -545,14 +546,22 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         extra = body_peak.get(i, 0) if body_peak else 0  # a While's body, one iteration
         if scratch is not None and kind.scratch:
             extra += scratch(i)  # the kernel's own buffers while it runs
+        # the terms of iterations run ahead of a running sum (loops.py), each its own
+        # request, while the While runs
+        ahead = run_ahead.get(i, ()) if run_ahead else ()
         if events is not None:  # the allocator model's replay counts the peaks
             if extra:
                 events.append((("x", i), dev, extra, p))
+            for n, b in enumerate(ahead):
+                events.append((("ahead", i, n), dev, b, p))
             if keep_timeline:
                 events.append((p,))
             if extra:
                 events.append((("x", i), None))
+            for n in range(len(ahead)):
+                events.append((("ahead", i, n), None))
         else:  # the peaks are sums of requests
+            extra += sum(ahead)
             if extra:
                 live += extra
                 live_dev[dev] = live_dev.get(dev, 0) + extra

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from graphmem.analysis.body_recompute import BodyRecompute, plan_body_recompute
-from graphmem.analysis.loops import StaticValues, allocation_bytes, list_element_bytes
+from graphmem.analysis.loops import StaticValues, allocation_bytes, list_element_bytes, running_sums
 from graphmem.analysis.op_classes import EXPENSIVE_OPS
 from graphmem.graph import dtypes
 from graphmem.graph.builders import add_scalar_const, unique_name
 from graphmem.graph.dtypes import FLOATS
 from graphmem.graph.function_view import ARG_OP, RETVAL_OP, FunctionView, functions_named
-from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor
+from graphmem.graph.index import V2_LOOP_OPS, GraphIndex, Tensor
 from graphmem.graph.names import input_string, parse_input
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
@@ -435,20 +435,11 @@ def _hold_running_sums(gix: GraphIndex, ggraph: Message) -> int:
     incoming sum instead, so one addend at a time exists. Returns the ops held back."""
     args, rets = _args_rets(gix)
     held = 0
-    for k, r in rets.items():
-        arg = args.get(k)
-        op = gix.through_identity(r[0])
-        if arg is None or gix.ops[op] not in SUM_OPS or gix.dtype((arg, 0)) not in FLOATS:
-            continue
-        ins = gix.data_inputs[op]
-        if not any(gix.through_identity(s[0]) == arg for s in ins):
-            continue
-        for s in ins:
-            p = s[0]
-            if gix.through_identity(p) == arg or gix.ops[p] in (ARG_OP, "Const") or \
-                    arg in gix.control_inputs[p]:
+    for found in running_sums(gix, args, rets):
+        for p, _ in found.terms:
+            if found.arg in gix.control_inputs[p]:
                 continue
-            ggraph.node[p].input.append("^" + gix.names[arg])
+            ggraph.node[p].input.append("^" + gix.names[found.arg])
             held += 1
     return held
 
