@@ -306,7 +306,8 @@ def test_memory_policy_recomputes_at_most_its_share_of_the_forward_pass(monkeypa
     the forward FLOPs (their step is slower than users accept for the last few percent of
     memory): on the ResNet the lowest plan recomputes the whole forward pass; the written
     plan stays under the cap, says why it is not the lowest, and without the cap the policy
-    writes the lower, costlier one."""
+    writes the lower, costlier one; so does it when the cap would cost more than
+    MEMORY_CAP_MAX_COST of the peak."""
     import graphmem.rewrite as rw
     from graphmem.analysis.cost import forward_flops
     from graphmem.analysis.regions import analyze_regions
@@ -322,11 +323,20 @@ def test_memory_policy_recomputes_at_most_its_share_of_the_forward_pass(monkeypa
     capped, flops, forward = written()
     assert flops <= budget_mod.MEMORY_MAX_RECOMPUTE * forward
     assert "left out" in capped.choice.note
+    # the cap costs the ResNet less than MEMORY_CAP_MAX_COST of its peak; where it would
+    # cost more (here: any cost at all), the lower plan is written despite its recompute
+    monkeypatch.setattr(budget_mod, "MEMORY_CAP_MAX_COST", 1.0)
+    lifted, lifted_flops, _ = written()
+    assert "left out" not in lifted.choice.note
+    assert lifted_flops > budget_mod.MEMORY_MAX_RECOMPUTE * forward
+    assert lifted.after.estimated_bytes < capped.after.estimated_bytes
+    monkeypatch.setattr(budget_mod, "MEMORY_CAP_MAX_COST", 1.25)
     monkeypatch.setattr(budget_mod, "MEMORY_MAX_RECOMPUTE", 100.0)
     free, free_flops, _ = written()
     assert "left out" not in free.choice.note
     assert free_flops > flops
     assert free.after.peak_bytes < capped.after.peak_bytes
+    assert free_flops == lifted_flops  # the same plan as with the cap lifted
 
 
 @pytest.mark.parametrize("name, counted", [("mlp", True), ("lstm_v1", False),
