@@ -76,8 +76,12 @@ def test_factors_let_the_plan_recompute_and_training_is_the_same(swish_step, tmp
     assert r.same_training and r.max_variable_diff == 0, r.mismatches
 
     import graphmem.analysis.regions as regions_module
+    import graphmem.passes.budget as budget_module
 
     monkeypatch.setattr(regions_module, "gradient_factors", lambda *a: set())
+    # compared at the same recompute bound: without factors the policy would lift its
+    # recompute cap and recompute the whole forward pass instead (MEMORY_CAP_MAX_COST)
+    monkeypatch.setattr(budget_module, "MEMORY_CAP_MAX_COST", float("inf"))
     options = RewriteOptions("memory", [], BATCH)
     options.keep_worse = True
     without = rewrite_file(swish_step, tmp_path / "without", options)
