@@ -286,7 +286,7 @@ def _v2_matmul_loop():
 
 def test_iterations_run_ahead_of_a_gradient_loops_running_sum():
     """Each gradient iteration's term waits for the Add of the sum, and up to
-    parallel_iterations of them exist at once (a Keras LSTM measured 63 kernel-sized
+    parallel_iterations of them exist at once (a Keras LSTM LM traced with 32 kernel-sized
     terms live): the estimate counts parallel_iterations - 1 more terms, each its own
     allocation, while the gradient While runs."""
     _, ix = _v2_matmul_loop()

@@ -606,8 +606,8 @@ def running_sums(ix: GraphIndex, args: dict[int, int],
     position -> the tensor returned) that each iteration adds a term to. A gradient loop
     sums a loop-invariant weight's gradient so (an LSTM kernel's, `h^T . d_gates`), and
     since a term needs nothing from the sum, TF's executor runs up to `parallel_iterations`
-    iterations ahead of it, each term waiting for the Add: measured on a Keras LSTM, 63
-    kernel-sized terms live at once."""
+    iterations ahead of it, each term waiting for the Add: traced on the benchmarks' Keras
+    LSTM LM (keras_lstm_lm), 32 kernel-sized terms live at once."""
     from graphmem.graph.function_view import ARG_OP
 
     found = []
@@ -642,8 +642,8 @@ def _run_ahead_terms(index: GraphIndex, w: int, body: _Body, trip: int | None,
     entry per allocation: `min(parallel_iterations, trip) - 1` more terms of each sum
     whose terms do not wait for it, for terms of at least RUN_AHEAD_MIN_BYTES. An unknown
     trip count is taken as `parallel_iterations`: the bound a training run can reach
-    (traced on a Keras LSTM and on a TF1 LSTM in a v2 loop, 64 steps: 31 iterations'
-    terms live beside the current one's, `parallel_iterations` being 32)."""
+    (traced on a TF1 LSTM in a v2 loop, 64 steps: 31 iterations' terms live beside the
+    current one's, `parallel_iterations` being 32)."""
     attrs = index.node(w).attr  # (asked with `in`: indexing a map would add the key)
     parallel = (attrs["parallel_iterations"].i if "parallel_iterations" in attrs else 0) or 10
     ahead = min(parallel, trip if trip is not None else parallel) - 1

@@ -60,6 +60,12 @@ def add_edges(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
         index.add_control_edges(edges)
 
 
+def skip(plan: PassPlan, why: str) -> None:
+    """Count one thing a pass left alone under the reason it gives (`plan.skipped`: why ->
+    count, which the reports list)."""
+    plan.skipped[why] = plan.skipped.get(why, 0) + 1
+
+
 def remove_edges(index: GraphIndex, edges: list[tuple[int, int]]) -> None:
     """Remove the control edges (source, destination) from the graph and the index in
     place (removing edges keeps every topological order valid)."""

@@ -47,7 +47,7 @@ from graphmem.analysis.towers import is_collective
 from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, closing_cycles
 from graphmem.graph.reachability import Reachability
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, skip
 
 
 @dataclass
@@ -108,15 +108,15 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         if found is _SEVERAL_GRADIENTS:
             # waits for several gradients (Adam's beta powers, a global-norm clip): it
             # cannot run before the last of them anyway
-            _skip(plan, "waits for several gradients")
+            skip(plan, "waits for several gradients")
             continue
         if found is None:
-            _skip(plan, "gradient not found within the search budget")
+            skip(plan, "gradient not found within the search budget")
             continue
         if found is _COLLECTIVE:
             # its edges would order the collective before the next layer's: replicas must
             # issue collectives in one order, which the graph alone does not fix
-            _skip(plan, "its gradient comes from a collective op")
+            skip(plan, "its gradient comes from a collective op")
             continue
         updates.append(_Update(i, *found))
     if not updates:
@@ -139,7 +139,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         # moving `a` earlier moves the writes it waits for too: each must be safe to move
         why = verdict(a) or next((verdict(w) for w in u.writes if verdict(w)), None)
         if why is not None:
-            _skip(plan, why)
+            skip(plan, why)
             continue
         # an edge a -> x closes a cycle when a depends on x; an op placed after a cannot
         # be its ancestor, and inside a loop body the test ignores back edges: skip those
@@ -149,7 +149,7 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         targets = [x for x in dict.fromkeys(chain) if not index.in_loop(x)
                    and (index.position[x] > index.position[a] or reach.reaches(x, a) is False)]
         if not targets:
-            _skip(plan, "no backward op after the gradient")
+            skip(plan, "no backward op after the gradient")
             continue
         chosen[a] = targets
     # a write another chosen update waits for (a Keras Adam slot) runs before that update's
@@ -172,10 +172,10 @@ def apply_early_updates(index: GraphIndex, regions: Regions,
         # a control edge from an op in a tf.cond branch (v1) would make the update dead
         # whenever that branch is not taken
         del edges[a]
-        _skip(plan, "it would wait for an op in a conditional branch")
+        skip(plan, "it would wait for an op in a conditional branch")
     for a in closing_cycles(index, edges):
         del edges[a]
-        _skip(plan, "its edges would close a cycle with another update's")
+        skip(plan, "its edges would close a cycle with another update's")
     added = [e for a_edges in edges.values() for e in a_edges]
     for u, v in added:
         index.graph_def.node[v].input.append("^" + index.names[u])
@@ -510,10 +510,6 @@ def _accesses_of(index: GraphIndex, variable: int, a: int) -> list[int]:
                     seen.add(d)
                     stack.append(d)
     return accesses
-
-
-def _skip(plan: EarlyUpdatesPlan, why: str) -> None:
-    plan.skipped[why] = plan.skipped.get(why, 0) + 1
 
 
 # ---- the pass, under the pipeline's contract (base.py) ---------------------------------

@@ -49,6 +49,7 @@ from graphmem.passes.base import (
     add_edge_groups,
     add_edges,
     remove_edges,
+    skip,
 )
 
 LOOKAHEAD = 8  # ops after the anchor the gradient and its update are taken to run beside
@@ -101,7 +102,7 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
         g = c.op
         position = {op: p for p, op in enumerate(before.order)}
         if g not in position:
-            _skip(plan, "not in the simulated step")
+            skip(plan, "not in the simulated step")
             continue
         ours = set(c.own_ops)
         dropped = [(u, x) for u in c.own_ops for x in index.control_consumers[u]
@@ -111,18 +112,18 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
         anchor = _lowest_point(index, regions, in_scope, before, position, g, ours)
         if anchor is None:
             add_edges(index, dropped)
-            _skip(plan, "no backward op after it that does not depend on it")
+            skip(plan, "no backward op after it that does not depend on it")
             continue
         added = add_edge_groups(index, {g: [(anchor, g)]})
         if not added:
             add_edges(index, dropped)
-            _skip(plan, "its edge would close a cycle")
+            skip(plan, "its edge would close a cycle")
             continue
         after = simulate()
-        if not _better(index, before, after, g, ours, c):
+        if not _better(index, before, position, after, g, ours, c):
             remove_edges(index, added)
             add_edges(index, dropped)
-            _skip(plan, "the simulated step was not lower")
+            skip(plan, "the simulated step was not lower")
             continue
         plan.moved.append(MovedGradient(index.names[g], c.bytes, index.names[anchor]))
         plan.dropped_edges += len(dropped)
@@ -153,23 +154,24 @@ def _lowest_point(index: GraphIndex, regions: Regions, in_scope, est: MemoryEsti
     return best
 
 
-def _better(index: GraphIndex, before: MemoryEstimate, after: MemoryEstimate,
-            g: int, ours: set[int], c: LargeGradient) -> bool:
+def _better(index: GraphIndex, before: MemoryEstimate, position: dict[int, int],
+            after: MemoryEstimate, g: int, ours: set[int], c: LargeGradient) -> bool:
     """The step holds less while the gradient and its update run (from `g` to the last of
     its writes) than it held where they ran before, by more than the gradient's inputs and
     by at least 1/MIN_GAIN_SHARE of it, and its peak rose by no more than the gradient's
     inputs (held longer now: where the peak is elsewhere, they may be live there)."""
     if after.peak_bytes > before.peak_bytes + c.input_bytes:
         return False
-    then = _held_while(index, before, g, ours)
-    now = _held_while(index, after, g, ours)
+    then = _held_while(index, before, position, g, ours)
+    now = _held_while(index, after, {op: p for p, op in enumerate(after.order)}, g, ours)
     return then is not None and now is not None and \
         now <= then - max(c.input_bytes, then // MIN_GAIN_SHARE)
 
 
-def _held_while(index: GraphIndex, est: MemoryEstimate, g: int, ours: set[int]) -> int | None:
-    """The most bytes live from `g` to the last of its update's writes, in `est`'s order."""
-    position = {op: p for p, op in enumerate(est.order)}
+def _held_while(index: GraphIndex, est: MemoryEstimate, position: dict[int, int], g: int,
+                ours: set[int]) -> int | None:
+    """The most bytes live from `g` to the last of its update's writes, in `est`'s order
+    (`position`: op -> its place in that order)."""
     if g not in position:
         return None
     start, end = _span(index, position, g, ours)
@@ -187,10 +189,6 @@ def _span(index: GraphIndex, position: dict[int, int], g: int, ours: set[int]
 
 def _original_edge(original: GraphIndex | None, u: int, x: int) -> bool:
     return original is not None and x < len(original) and u in original.control_inputs[x]
-
-
-def _skip(plan: LateGradientsPlan, why: str) -> None:
-    plan.skipped[why] = plan.skipped.get(why, 0) + 1
 
 
 # ---- the pass, under the pipeline's contract (base.py) ---------------------------------

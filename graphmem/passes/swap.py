@@ -21,7 +21,7 @@ from graphmem.graph.builders import identity_node
 from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor, nbytes
 from graphmem.graph.names import input_string, parse_input
-from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
+from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, skip
 from graphmem.passes.recompute import COPY_SCOPE, NO_DATA_READERS
 
 SWAP_SCOPE = "graphmem_swap"
@@ -104,26 +104,26 @@ def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOption
         name, op = index.names[i], index.ops[i]
         if normalize_device(options.device or index.devices[i]) == host:
             on_host += 1  # a copy to the device it is on saves nothing
-            _skip(plan, "already on the host device")
+            skip(plan, "already on the host device")
             continue
         if reachable is not None and i not in reachable:
-            _skip(plan, "before the starting scope")
+            skip(plan, "before the starting scope")
             continue
         if exclude and any(p.search(name) or p.search(op) for p in exclude):
-            _skip(plan, "excluded")
+            skip(plan, "excluded")
             continue
         if include and not any(p.search(name) or p.search(op) for p in include):
-            _skip(plan, "not included")
+            skip(plan, "not included")
             continue
         if index.in_loop(i) or index.is_control_flow(i):
-            _skip(plan, "inside a loop")
+            skip(plan, "inside a loop")
             continue
         size = nbytes(s.shape, s.dtype, batch_size)
         if size is None:
-            _skip(plan, "unknown size")
+            skip(plan, "unknown size")
             continue
         if size < options.threshold:
-            _skip(plan, "below --swap-threshold")
+            skip(plan, "below --swap-threshold")
             continue
         chosen.append(s.tensor)
     if on_host and on_host == len(regions.saved):
@@ -157,10 +157,10 @@ def _swap_tensors(index: GraphIndex, regions: Regions, tensors: list[Tensor],
         if paired:
             readers = [r for r in readers if r not in paired]
             if not readers:
-                _skip(plan, "read by its gradient through a oneDNN workspace")
+                skip(plan, "read by its gradient through a oneDNN workspace")
                 continue
         if not readers:
-            _skip(plan, "no reader after the forward pass")
+            skip(plan, "no reader after the forward pass")
             continue
         src = t[0]
         groups = [readers] if options.fuse else [[r] for r in readers]
@@ -171,7 +171,7 @@ def _swap_tensors(index: GraphIndex, regions: Regions, tensors: list[Tensor],
             if trigger is None:
                 # nothing in the backward pass runs before this reader: it reads the tensor
                 # right after the forward pass, so a swap would only add two copies
-                _skip(plan, "read at the start of the backward pass (no trigger)")
+                skip(plan, "read at the start of the backward pass (no trigger)")
                 continue
             triggered.append((group, trigger, distance, how))
         if not triggered:
@@ -304,10 +304,6 @@ def _forward_from_start(index: GraphIndex, regions: Regions, start: list[str]) -
     if not seeds:
         raise InputError(f"--swap-start matches no forward op: {', '.join(start)}")
     return index.descendants(seeds) & regions.forward
-
-
-def _skip(plan: SwapPlan, why: str) -> None:
-    plan.skipped[why] = plan.skipped.get(why, 0) + 1
 
 
 # ---- the pass, under the pipeline's contract (base.py) ---------------------------------
