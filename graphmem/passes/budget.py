@@ -574,6 +574,19 @@ MEMORY_MAX_RECOMPUTE = 0.8
 # against the plan left out, 0.35 | 0.35x at 1.18 | 1.24x. tf-slim ResNet-50 v1 keeps its
 # cap (787 against 668 MiB: the plan left out measured 1.39x at two threads).
 MEMORY_CAP_MAX_COST = 1.25
+# Below the cap, recompute beyond MEMORY_FREE_RECOMPUTE of the forward pass's FLOPs must
+# pay for itself: of the plans tried, the memory policy writes one with less recompute than
+# its lowest when the peak it gives up, as a share of the lower plan's, is less than
+# MEMORY_RECOMPUTE_WEIGHT times the share of the forward FLOPs above that level it no
+# longer recomputes. Two inter-op threads pay for recompute nearly twice (each segment,
+# recomputed just before its own gradient ops, runs alone, while the original runs its
+# filter and input gradients side by side): tf-slim ResNet-50 v2 at 224 px, batch 32,
+# measured side by side at 1 | 2 threads, the plan recomputing 77% of the forward FLOPs
+# (estimated 570 MiB) 0.26 | 0.26x of the original's peak at 1.26 | 1.43x its step time,
+# the one recomputing 61% (600 MiB) 0.29 | 0.27x at 1.24 | 1.31x. Plans under the level
+# keep the lowest peak (AlexNet's and VGG's step times grow little with recompute).
+MEMORY_FREE_RECOMPUTE = 0.6
+MEMORY_RECOMPUTE_WEIGHT = 0.5
 # Budget-model plans the memory policy tries above the model's lowest peak (as shares of
 # it): cheaper plans that may peak about as low once applied and estimated.
 MEMORY_PROBES = (1.1, 1.25)
@@ -737,11 +750,15 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
         how += ", cheap first layers recomputed a second time for their own gradient ops"
     note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
             f"of {len(runs)} plans tried, with the least recompute within "
-            f"{MEMORY_TOLERANCE:.0%} of it")
+            f"{MEMORY_TOLERANCE:.0%} of it") if not pick.traded else \
+        f"{how}: estimated {format_bytes(best.after.peak_bytes)}, of {len(runs)} plans tried"
+
     if pick.capped:
         note += (f"; plans recomputing more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
                  "pass's FLOPs left out (a lower peak at a slower step: `graphmem plan` "
                  "shows it, --budget writes it)")
+    if pick.traded:
+        note += "; " + pick.traded
     best.choice = replace(best.choice, policy="memory", note=note)
     return best
 
@@ -754,6 +771,9 @@ class MemoryPick:
     runs: list[BudgetCandidate]  # the candidates, with the late-copies variant tried
     capped: bool  # the recompute cap left out a plan that peaks lower
     late_base: BudgetCandidate  # the plan whose late-copies variant was tried
+    # why a lower plan was left out for `best`: its recompute above MEMORY_FREE_RECOMPUTE
+    # of the forward FLOPs was worth less than the peak it saves ("" when none was)
+    traded: str = ""
 
 
 def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
@@ -794,6 +814,26 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
                 late.extra_flops <= cap:
             best = late
+    if forward:
+        # a plan with less recompute, where the peak it gives up is worth less than the
+        # recompute above MEMORY_FREE_RECOMPUTE it saves
+        low = best
+
+        def worth(r: BudgetCandidate) -> float:
+            above = max(0.0, r.extra_flops / forward - MEMORY_FREE_RECOMPUTE)
+            return r.after.peak_bytes / low.after.peak_bytes + MEMORY_RECOMPUTE_WEIGHT * above
+
+        cheaper = min((r for r in runs if r.extra_flops < low.extra_flops), key=worth,
+                      default=low)
+        if worth(cheaper) < worth(low):
+            from graphmem.units import format_bytes
+
+            traded = (f"the plan estimated {format_bytes(low.after.peak_bytes)} left out: it "
+                      f"recomputes {low.extra_flops / forward:.0%} of the forward pass's "
+                      f"FLOPs against {cheaper.extra_flops / forward:.0%}, and recompute "
+                      f"above {MEMORY_FREE_RECOMPUTE:.0%} of them costs more step time "
+                      "than that peak is worth")
+            return MemoryPick(cheaper, runs, capped, base, traded)
     return MemoryPick(best, runs, capped, base)
 
 
