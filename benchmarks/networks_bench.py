@@ -282,7 +282,8 @@ def format_row(row: dict, threads: list[int]) -> list[str]:
         lines.append(f"| {row['model']} | {v} | " + " | ".join(cells) + f" | {extra} |")
     orig = " | ".join(f"{base[t]['peak'] / MIB:7.1f} MiB {base[t]['seconds']:.2f} s"
                       if t in base else "-" for t in threads)
-    lines.insert(0, f"| {row['model']} ({row['side']} px, batch {row['batch']}) | original | "
+    size = f"sequence {row['side']}" if row["model"].endswith("_lm") else f"{row['side']} px"
+    lines.insert(0, f"| {row['model']} ({size}, batch {row['batch']}) | original | "
                  f"{orig} | |")
     return lines
 
