@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
+from graphmem.errors import UsageError
 from graphmem.graph.index import GraphIndex, Tensor, nbytes
+from graphmem.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from graphmem.analysis.memory import MemoryEstimate
@@ -505,8 +507,6 @@ def choose_budget_checkpoints(index: GraphIndex, regions, facts, candidates: lis
     build_units)."""
     from graphmem.analysis.spine import analyze_spine
     from graphmem.passes.checkpoints import CheckpointChoice
-    from graphmem.units import format_bytes
-
     cand = set(candidates)
     spine = analyze_spine(index, regions, facts, cand, batch_size)
     if not spine.order:
@@ -530,9 +530,6 @@ def choose_budget_checkpoints(index: GraphIndex, regions, facts, candidates: lis
 
 def parse_budget(text: str, original_peak: int) -> int:
     """'2GiB' -> bytes; '0.5' -> half the original estimated peak."""
-    from graphmem.errors import UsageError
-    from graphmem.units import parse_size
-
     try:
         value = float(text)
     except ValueError:
@@ -733,10 +730,10 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     """The memory policy: the plan with the lowest estimated peak among memory_candidates
     that recompute at most MEMORY_MAX_RECOMPUTE of the forward FLOPs (all of them when none
     does: the cheapest; every plan when those peak above MEMORY_CAP_MAX_COST times the
-    lowest plan's highest estimated step); among the plans within MEMORY_TOLERANCE of it, the one with the
-    least recompute (so no plan tried beats it on both). Leaves it applied."""
-    from graphmem.units import format_bytes
-
+    lowest plan's highest estimated step); among the plans within MEMORY_TOLERANCE of it,
+    the one with the least recompute (so no plan tried beats it on both); and a plan with
+    less recompute still where its recompute above MEMORY_FREE_RECOMPUTE is worth more than
+    the peak it gives up (MEMORY_RECOMPUTE_WEIGHT). Leaves it applied."""
     runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner, True)
     pick = _memory_pick(index, regions, batch_size, runs, runner)
     best, runs = pick.best, pick.runs
@@ -748,17 +745,22 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
         how += ", each segment recomputed just before its own gradient ops"
     if best.choice.late_copies:
         how += ", cheap first layers recomputed a second time for their own gradient ops"
-    note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
-            f"of {len(runs)} plans tried, with the least recompute within "
-            f"{MEMORY_TOLERANCE:.0%} of it") if not pick.traded else \
-        f"{how}: estimated {format_bytes(best.after.peak_bytes)}, of {len(runs)} plans tried"
-
+    traded = pick.traded
+    if traded is None:
+        note = (f"{how}: the lowest estimated peak ({format_bytes(best.after.peak_bytes)}) "
+                f"of {len(runs)} plans tried, with the least recompute within "
+                f"{MEMORY_TOLERANCE:.0%} of it")
+    else:
+        note = (f"{how}: estimated {format_bytes(best.after.peak_bytes)}, of {len(runs)} "
+                f"plans tried; the plan estimated {format_bytes(traded.after.peak_bytes)} "
+                f"left out: it recomputes {traded.extra_flops / pick.forward:.0%} of the "
+                f"forward pass's FLOPs against {best.extra_flops / pick.forward:.0%}, and "
+                f"recompute above {MEMORY_FREE_RECOMPUTE:.0%} of them costs more step time "
+                "than that peak is worth")
     if pick.capped:
         note += (f"; plans recomputing more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
                  "pass's FLOPs left out (a lower peak at a slower step: `graphmem plan` "
                  "shows it, --budget writes it)")
-    if pick.traded:
-        note += "; " + pick.traded
     best.choice = replace(best.choice, policy="memory", note=note)
     return best
 
@@ -771,9 +773,10 @@ class MemoryPick:
     runs: list[BudgetCandidate]  # the candidates, with the late-copies variant tried
     capped: bool  # the recompute cap left out a plan that peaks lower
     late_base: BudgetCandidate  # the plan whose late-copies variant was tried
-    # why a lower plan was left out for `best`: its recompute above MEMORY_FREE_RECOMPUTE
-    # of the forward FLOPs was worth less than the peak it saves ("" when none was)
-    traded: str = ""
+    # the lower plan left out for `best`: its recompute above MEMORY_FREE_RECOMPUTE of the
+    # forward FLOPs was worth less than the peak it saves (None when none was)
+    traded: BudgetCandidate | None = None
+    forward: int | None = None  # the forward pass's FLOPs, when known
 
 
 def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
@@ -826,14 +829,7 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         cheaper = min((r for r in runs if r.extra_flops < low.extra_flops), key=worth,
                       default=low)
         if worth(cheaper) < worth(low):
-            from graphmem.units import format_bytes
-
-            traded = (f"the plan estimated {format_bytes(low.after.peak_bytes)} left out: it "
-                      f"recomputes {low.extra_flops / forward:.0%} of the forward pass's "
-                      f"FLOPs against {cheaper.extra_flops / forward:.0%}, and recompute "
-                      f"above {MEMORY_FREE_RECOMPUTE:.0%} of them costs more step time "
-                      "than that peak is worth")
-            return MemoryPick(cheaper, runs, capped, base, traded)
+            return MemoryPick(cheaper, runs, capped, base, low, forward)
     return MemoryPick(best, runs, capped, base)
 
 
@@ -925,8 +921,6 @@ def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
 
 def _budget_note(solution: BudgetSolution, budget: int, estimated: int, policy: str,
                  model_run: BudgetCandidate, best: BudgetCandidate) -> str:
-    from graphmem.units import format_bytes
-
     total = solution.total_flops or 1
     solution.feasible = estimated <= budget  # the estimate decides, not the model
     plan = {"memory_top": "the memory policy's plan with its top segment kept"}.get(
