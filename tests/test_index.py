@@ -102,3 +102,14 @@ def test_may_be_dead_without_switches_is_all_false():
     ix = _random_dag(0).index()
     assert not any(ix.may_be_dead(i) for i in range(len(ix)))
     assert all(c == () for c in ix._branch_contexts())
+
+
+def test_attr_of_reads_a_missing_attr_without_adding_it():
+    from graphmem.graph.index import attr_of
+
+    g = G()
+    node = g.op("e", "Enter", shape=(4,))
+    node.attr["frame_name"].s = b"f"
+    assert attr_of(node, "frame_name").s == b"f"
+    assert not attr_of(node, "is_constant").b and attr_of(node, "parallel_iterations").i == 0
+    assert "is_constant" not in node.attr and "parallel_iterations" not in node.attr

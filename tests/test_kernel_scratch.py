@@ -24,6 +24,24 @@ def _conv_grads(n, h, w, c, k, f=3):
     return scratch(ix.id_of["dx"]), scratch(ix.id_of["dfilter"])
 
 
+def test_asking_for_the_scratch_leaves_the_graph_as_it_was():
+    # a gradient without a data_format attr (TF's default, NHWC): asking for it must not
+    # add an empty one, which TF refuses to import (a mixed-precision Keras step's
+    # rewrite was written so on a CPU without oneDNN)
+    g = G()
+    g.op("filter", "Placeholder", shape=(3, 3, 4, 4))
+    g.op("dy", "Placeholder", shape=(2, 8, 8, 4))
+    g.op("sizes", "Const", shape=(4,))
+    g.op("dx", "Conv2DBackpropInput", "sizes", "filter", "dy", shape=(2, 8, 8, 4))
+    ix = g.index()
+    before = ix.graph_def.SerializeToString()
+    assert scratch_model(ix, None, onednn=False)(ix.id_of["dx"]) > 0
+    assert "data_format" not in ix.node(ix.id_of["dx"]).attr
+    assert ix.graph_def.SerializeToString() == before
+    g.graph_def.node[-1].attr["data_format"].s = b"NCHW"  # Eigen's kernels are NHWC only
+    assert scratch_model(g.index(), None, onednn=False)(ix.id_of["dx"]) == 0
+
+
 def test_backprop_input_of_a_large_image_goes_one_image_at_a_time():
     # 32x32 pixels x (3*3*16) per image: the per-image work passes the L2 size, so the
     # column buffer holds one image: 1024 * 144 floats (traced: 589,824 bytes)

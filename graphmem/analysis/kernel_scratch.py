@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import cache
 
 from graphmem.graph import dtypes
-from graphmem.graph.index import GraphIndex, num_elements
+from graphmem.graph.index import GraphIndex, attr_of, num_elements
 
 _L2_BYTES = 256 << 10  # the kernels' fixed cache sizes (conv_grad_input_ops.h)
 _WORKING_SET_BYTES = 30 << 20
@@ -112,8 +112,7 @@ def has_scratch(op: str) -> bool:
 
 def _conv2d_backprop(index: GraphIndex, i: int, op: str, batch_size: int | None) -> int:
     ins = index.data_inputs[i]
-    node = index.node(i)
-    if len(ins) < 3 or node.attr["data_format"].s not in (b"", b"NHWC"):
+    if len(ins) < 3 or attr_of(index.node(i), "data_format").s not in (b"", b"NHWC"):
         return 0  # the custom kernels are NHWC only
     out_backprop = index.shape(ins[2])
     filter_shape = index.shape(ins[1]) if op.startswith("Conv2DBackpropInput") \

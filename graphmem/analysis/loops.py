@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 
 from graphmem.graph import dtypes
 from graphmem.graph.dtypes import FLOATS
-from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.index import SUM_OPS, V2_LOOP_OPS, GraphIndex, Tensor, attr_of, nbytes
 
 _FORWARDS = frozenset({"Identity", "Enter", "RefEnter", "Cast", "Snapshot", "StopGradient"})
 _COMPARE = frozenset({"Less", "LessEqual", "Greater", "GreaterEqual"})
@@ -215,13 +215,13 @@ class StaticValues:
         begin = _as_scalar(begin)
         if begin is None or not -len(vec) <= begin < len(vec):
             return None
-        if node.attr["shrink_axis_mask"].i & 1:
+        if attr_of(node, "shrink_axis_mask").i & 1:
             v = vec[begin]
             return v if v >= 0 else None
         end = _as_scalar(end)
-        if end is None or node.attr["ellipsis_mask"].i or node.attr["new_axis_mask"].i:
+        if end is None or attr_of(node, "ellipsis_mask").i or attr_of(node, "new_axis_mask").i:
             return None
-        if node.attr["end_mask"].i & 1:
+        if attr_of(node, "end_mask").i & 1:
             end = len(vec)
         part = vec[begin:end]
         return part if all(d >= 0 for d in part) else None

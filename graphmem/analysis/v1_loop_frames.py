@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.graph import dtypes
-from graphmem.graph.index import CONTROL_FLOW_V1, GraphIndex, Tensor
+from graphmem.graph.index import CONTROL_FLOW_V1, GraphIndex, Tensor, attr_of
 
 _ENTER = ("Enter", "RefEnter")
 _SWITCH = ("Switch", "RefSwitch")
@@ -137,7 +137,7 @@ def _describe_forward(index: GraphIndex, loop: V1Loop, nodes: list[int]) -> str:
             return f"a conditional in the loop body ({index.names[i]})"
         if op in _ENTER:
             node = index.node(i)
-            if node.attr["is_constant"].b and ins[i]:
+            if attr_of(node, "is_constant").b and ins[i]:
                 loop.invariants[i] = ins[i][0]
         if op == "Identity" and loop.pivot is None and ins[i] and ops[ins[i][0][0]] in _SWITCH \
                 and ins[i][0][1] == 1:
@@ -160,9 +160,10 @@ def _describe_gradient(index: GraphIndex, loop: V1Loop, nodes: list[int]) -> str
         if op in _ENTER:
             node = index.node(i)
             if not loop.grad_frame_name:
-                loop.grad_frame_name = node.attr["frame_name"].s.decode("utf-8", "replace")
-                loop.grad_parallel_iterations = node.attr["parallel_iterations"].i or 10
-            if node.attr["is_constant"].b and ins[i]:
+                loop.grad_frame_name = attr_of(node, "frame_name").s.decode("utf-8",
+                                                                           "replace")
+                loop.grad_parallel_iterations = attr_of(node, "parallel_iterations").i or 10
+            if attr_of(node, "is_constant").b and ins[i]:
                 loop.grad_enters.setdefault(ins[i][0], i)
         elif op in _SWITCH and len(ins[i]) == 2 and ins[i][1][0] == cond[0]:
             types = index.out_dtypes[i]
