@@ -68,6 +68,9 @@ SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
          "keras_DenseNet121": 224, "keras_EfficientNetB0": 224, "keras_Xception": 299,
          "keras_VGG16": 224, "keras_MobileNetV3Small": 224, "keras_ResNet50V2": 224,
+         "keras_ResNet101": 224, "keras_InceptionResNetV2": 299, "keras_DenseNet169": 224,
+         "keras_MobileNet": 224, "keras_MobileNetV3Large": 224, "keras_NASNetMobile": 224,
+         "keras_VGG19": 224, "keras_EfficientNetV2B0": 224, "keras_ConvNeXtTiny": 224,
          "keras_transformer_lm": 256, "keras_lstm_lm": 35}  # an LM's: its sequence
 KERAS = "keras_"  # Keras applications, saved as TF2 train-step SavedModels
 DEFAULT_MODELS = "resnet_v1_50,resnet_v2_50,inception_v1,inception_v3,vgg_16,alexnet_v2"
