@@ -140,3 +140,64 @@ def test_big_steps_are_walked_in_graph_order_only(monkeypatch):
     monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
     assert all(order in (executor_order(ix), executor_order(ix, warm_up=True))
                for _, order in schedule.executor_orders(ix))
+
+
+def _two_branches():
+    # x readies a and b together, each big and read by a small op: one thread runs one
+    # branch to its end before the other (a's buffer freed before b's is made), two
+    # threads run a and b side by side
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=(8 * 2048,))
+    g.op("ra", "Op", "a", shape=(4,))
+    g.op("b", "Op", "x", shape=(8 * 2048,))
+    g.op("rb", "Op", "b", shape=(4,))
+    g.op("end", "Op", "ra", "rb", shape=(4,))
+    return g.index()
+
+
+def test_two_threads_run_ops_readied_together_side_by_side():
+    from graphmem.analysis.schedule import two_thread_order
+
+    ix = _two_branches()
+    order, start, end = two_thread_order(ix)
+    assert sorted(order) == list(range(len(ix)))
+    at = {ix.names[i]: p for p, i in enumerate(order)}
+    a, b = at["a"], at["b"]
+    assert start[a] == start[b] and end[a] > start[b] and end[b] > start[a]
+    for p, i in enumerate(order):  # no op starts before what it reads has ended
+        for s, _ in ix.data_inputs[i]:
+            assert end[at[ix.names[s]]] <= start[p]
+
+
+def test_the_two_thread_peak_counts_in_the_highest_only():
+    ix = _two_branches()
+    big = 8 * U
+    est = _estimate_memory(ix)
+    one = [o.peak_bytes for o in est.orders if o.threads == 1]
+    two = [o.peak_bytes for o in est.orders if o.threads == 2]
+    assert len(two) == 1 and max(one) < big + U + 2 * 256 + 1  # one branch at a time
+    assert two[0] >= 2 * big  # both branches live together
+    assert est.highest_threads == 2 and est.estimated_bytes >= two[0]
+    assert est.peak_bytes == max(one)  # plans are still ranked on one thread's orders
+    assert _estimate_memory(ix, two_threads=False).estimated_bytes == max(one)
+
+
+def test_big_steps_skip_the_two_thread_walk(monkeypatch):
+    from graphmem.analysis import schedule
+
+    ix = _two_branches()
+    monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
+    assert schedule.two_thread_order(ix) is None
+    assert all(o.threads == 1 for o in _estimate_memory(ix).orders)
+
+
+def test_the_reports_name_two_threads():
+    from graphmem.analysis.inspect import order_spread
+    from graphmem.report.inspect_report import threads_label
+
+    spread = order_spread(_estimate_memory(_two_branches()))
+    assert spread["highest_threads"] == 2
+    assert {o["threads"] for o in spread["orders"]} == {1, 2}
+    assert threads_label("warm-up", 2) == "warm-up, 2 inter-op threads"
+    assert threads_label("steady", 1) == "steady"

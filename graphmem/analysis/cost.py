@@ -57,3 +57,36 @@ def copied_flops(index: GraphIndex, batch_size: int | None) -> int:
     """Extra forward FLOPs of a rewritten graph: those of its recompute copies."""
     return sum(op_flops(index, i, batch_size) for i in range(len(index))
                if index.names[i].startswith(COPY_SCOPE + "/"))
+
+
+_CONV_GRADIENTS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
+# bytes an op reads or writes count as this many operations: CPU kernels do several
+# floating-point operations in the time they move one byte, and the ops between the
+# matmuls and convolutions (batch norm, activations, their gradients) are bound by memory
+BYTE_COST = 4
+
+
+def op_times(index: GraphIndex, nodes, batch_size: int | None) -> list[float]:
+    """Each op's running time relative to the others' (for the order two threads run a
+    step in, schedule.py): its FLOPs (a filter gradient counted as its convolution) plus
+    BYTE_COST per byte it reads and writes. Ops not in `nodes` take none."""
+    sizes = index.output_sizes(batch_size)
+    times = [0.0] * len(index)
+    data_inputs, ops = index.data_inputs, index.ops
+    for i in nodes:
+        moved = sum(b or 0 for b in sizes[i])
+        for s, k in data_inputs[i]:
+            out = sizes[s]
+            if k < len(out):
+                moved += out[k] or 0
+        if ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
+            # the convolution's multiply-adds: per element of the incoming gradient, the
+            # filter's height x width x input channels
+            grad = num_elements(index.shape(data_inputs[i][2]), batch_size) or 0
+            f = index.shape((i, 0) if ops[i] == "Conv2DBackpropFilter" else data_inputs[i][1])
+            flops = 2 * grad * prod(f[:-1]) if f and len(f) == 4 and all(
+                d > 0 for d in f) else grad
+        else:
+            flops = op_flops(index, i, batch_size)
+        times[i] = float(flops + BYTE_COST * moved)
+    return times

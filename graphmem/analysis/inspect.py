@@ -152,8 +152,10 @@ def order_spread(mem) -> dict:
     run's peak, the one gates use) and the lowest, each with its phase, and every order
     walked."""
     return {"highest_bytes": mem.estimated_bytes, "highest_phase": mem.phase,
+            "highest_threads": mem.highest_threads,
             "ranking_bytes": mem.peak_bytes,
             "lowest_bytes": mem.lowest_peak_bytes, "lowest_phase": mem.lowest_phase,
-            "orders": [{"phase": o.phase, "peak_bytes": o.peak_bytes, "peak_op": o.peak_op}
+            "orders": [{"phase": o.phase, "threads": o.threads, "peak_bytes": o.peak_bytes,
+                        "peak_op": o.peak_op}
                        for o in mem.orders]}
 

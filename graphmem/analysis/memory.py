@@ -12,6 +12,7 @@ allocator rounds them (multiples of 256 bytes); which ops run at all is the call
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress
@@ -29,7 +30,7 @@ from graphmem.analysis.loops import (
     analyze_loops,
     element_view,
 )
-from graphmem.analysis.schedule import executor_orders
+from graphmem.analysis.schedule import executor_orders, two_thread_order
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
@@ -110,6 +111,9 @@ class MemoryEstimate:
     # estimate reported (`estimated_bytes`); `peak_bytes` (variables kept in their
     # chunks, the same every step) ranks plans
     highest_bytes: int = 0
+    # inter-op threads of the order whose step is the highest (2: two threads running ops
+    # side by side reach a peak no one-thread order does)
+    highest_threads: int = 1
     # with a timeline: the ops in the order walked (`timeline[p]` is while `order[p]` runs)
     order: list[int] = field(default_factory=list)
 
@@ -137,6 +141,7 @@ class OrderPeak:
     phase: str  # "steady" or "warm-up"
     peak_bytes: int
     peak_op: str
+    threads: int = 1  # inter-op threads: 2 for the order two threads run (schedule.py)
 
 
 def loop_body_peak(body: GraphIndex, batch_size: int | None, library: Message,
@@ -154,7 +159,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                     schedule: str = "executor",
                     host_device: str | None = None, library: Message | None = None,
                     onednn: bool | None = None, allocator: bool = True,
-                    bypassed: set[int] | None = None,
+                    bypassed: set[int] | None = None, two_threads: bool = True,
                     _loop_depth: int = 0) -> MemoryEstimate:
     """Simulate one step over `nodes` (default: the whole graph), in `order` if given, else
     in the executor's orders (`schedule="executor"`: its warm-up and steady-state orders,
@@ -167,7 +172,9 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     kernels TF picks with oneDNN on or off (`onednn`, default: as on this machine; see
     kernel_scratch.py). Peaks count the chunks TF's allocator hands out (`allocator`, see
     bfc.py), not the bytes asked for. Ops in `bypassed` are ones Grappler removes (they
-    take no turn in the executor's order, see schedule.py)."""
+    take no turn in the executor's order, see schedule.py). `two_threads`: also walk the
+    order two inter-op threads run (schedule.py), whose peak counts only in the highest
+    (`estimated_bytes`)."""
     host = normalize_device(host_device) if host_device else None
     loops = analyze_loops(index, batch_size, library, _loop_depth, loop_body_peak)
     variables = persistent_buffers(index)
@@ -182,16 +189,27 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
     aside = [(phase, order, Background(partial(run_in, order, True), len(index)))
              for phase, order in others]
+    # two threads: a bound on the peak only (plans are ranked on one thread's orders,
+    # which measured rewrites follow at one thread)
+    two = None
+    if two_threads and allocator:
+        two = two_thread_order(index, nodes, batch_size, bypassed)
+    if two is not None:
+        order, start_at, end_at = two
+        aside.append(("warm-up", order, Background(
+            partial(run_in, order, True, (start_at, end_at)), len(index))))
     best = run_in(first_order, True)
     walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op)]
-    highest = best.highest_bytes
-    for phase, order, job in aside:
-        est = job.result() or run_in(order, True)
-        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op))
-        highest = max(highest, est.highest_bytes)
-        if est.peak_bytes > best.peak_bytes:
+    highest, threads = best.highest_bytes, 1
+    for n, (phase, order, job) in enumerate(aside):
+        paired = two is not None and n == len(aside) - 1
+        est = job.result() or run_in(order, True, (start_at, end_at) if paired else None)
+        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op, 2 if paired else 1))
+        if est.estimated_bytes > highest:
+            highest, threads = est.estimated_bytes, 2 if paired else 1
+        if est.peak_bytes > best.peak_bytes and not paired:
             est.phase, best = phase, est
-    best.highest_bytes = highest
+    best.highest_bytes, best.highest_threads = highest, threads
     return _with_orders(best, walked)
 
 
@@ -218,9 +236,11 @@ class _Simulation:
     variables: list[tuple[int, int]]
     nodes: set[int] | None
 
-    def __call__(self, order: list[int], of_nodes: bool = False) -> MemoryEstimate:
+    def __call__(self, order: list[int], of_nodes: bool = False,
+                 timing: tuple[list[float], list[float]] | None = None) -> MemoryEstimate:
         """The estimate in `order`, less ops not in `nodes` (unless `of_nodes`: it has
-        none)."""
+        none). `timing`: each position's start and end time, when ops run side by side
+        (two threads): an op's buffers are freed when it ends, not before the next op."""
         index, loops, variables = self.index, self.loops, self.variables
         if self.nodes is not None and not of_nodes:
             order = [i for i in order if i in self.nodes]
@@ -230,7 +250,8 @@ class _Simulation:
                         track_lives=bool(self.top), loops=loops, scratch=self.scratch,
                         allocator=self.allocator, forwards=self.forwards,
                         persistent=[(normal[devices[i]], b) for i, b in variables],
-                        variable_keys={i: (k, b) for k, (i, b) in enumerate(variables)})
+                        variable_keys={i: (k, b) for k, (i, b) in enumerate(variables)},
+                        timing=timing)
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
             at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
@@ -356,7 +377,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
               loops: LoopFacts | None = None, scratch=None,
               allocator: bool = True, persistent: list[tuple[str, int]] | None = None,
               forwards: set[int] | None = None,
-              variable_keys: dict[int, tuple[int, int]] | None = None) -> _Run:
+              variable_keys: dict[int, tuple[int, int]] | None = None,
+              timing: tuple[list[float], list[float]] | None = None) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
@@ -373,7 +395,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     buffer (TF moves a uniquely held tensor into the variable): the value's chunk stays
     with the variable and the variable's old chunk is freed (`variable_keys`: variable
     op -> its place in `persistent` and its bytes). Keras' optimizers write their slots so,
-    every step: the allocator's chunks move from step to step (bfc.py replays several)."""
+    every step: the allocator's chunks move from step to step (bfc.py replays several).
+
+    `timing` (start and end time of each position, two threads): the allocator's events
+    are put in time order, each op's frees at its end (`_in_time`)."""
     run = _Run()
     # what the allocator is asked, in order, replayed through a model of TF's allocator
     # at the end (bfc.py, replay_step), which then counts every peak: the sums of
@@ -417,7 +442,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     lifetimes = run.lifetimes
     peak = peak_pos = unknown = 0
     peak_dev = run.peak_dev
+    blocks: list[int] = []  # with timing: where each op's events begin
     for p, i in enumerate(order):
+        if timing is not None:
+            blocks.append(len(events))
         op = ops[i]
         dev = device_of[i]
         inputs = data_inputs[i]
@@ -611,6 +639,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                             live -= b
     run.peak, run.peak_pos, run.unknown = peak, peak_pos, unknown
     run.lifetimes.extend((buf, size[buf], p, end) for buf, p in born.items())
+    if timing is not None and events is not None:
+        events = _in_time(events, blocks, *timing)
     if events is not None:  # the peaks TF's allocator statistics count (bfc.py)
         peaks = replay_step(events, persistent or [], host, keep_timeline)
         run.peak, run.peak_pos, run.peak_dev, run.host_peak, run.highest = \
@@ -618,6 +648,32 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
         if keep_timeline:
             run.timeline = peaks.timeline
     return run
+
+
+def _in_time(events: list[tuple], blocks: list[int], start_at: list[float],
+             end_at: list[float]) -> list[tuple]:
+    """The allocator's events of ops running side by side, in time order: each op's
+    requests when it starts (its position's), its frees (and a variable's adoption of a
+    buffer) when it ends, after the requests of every op that started before. An op that
+    takes no time frees at once."""
+    out: list[tuple] = []
+    ending: list[tuple[float, int, list[tuple]]] = []  # (end, position, its frees)
+    bounds = blocks + [len(events)]
+    for p, begin in enumerate(blocks):
+        start = start_at[p]
+        while ending and ending[0][0] <= start:
+            out.extend(heapq.heappop(ending)[2])
+        frees: list[tuple] = []
+        for ev in events[begin:bounds[p + 1]]:
+            (out if len(ev) in (1, 4) else frees).append(ev)
+        if frees:
+            if end_at[p] <= start:
+                out.extend(frees)
+            else:
+                heapq.heappush(ending, (end_at[p], p, frees))
+    while ending:
+        out.extend(heapq.heappop(ending)[2])
+    return out
 
 
 def _adopted_value(inputs: list[Tensor], buffer_of: dict, pending: dict, size: dict,

@@ -86,7 +86,9 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
                   f"{_PHASE_NOTE.get(peak['phase'], '')}")
     if shows_spread(peak["highest_bytes"], peak["lowest_bytes"]):
         console.print(spread_sentence(peak["highest_bytes"], peak["lowest_bytes"],
-                                      peak["highest_phase"], peak["lowest_phase"]))
+                                      threads_label(peak["highest_phase"],
+                                                    peak["highest_threads"]),
+                                      peak["lowest_phase"]))
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if facts.floor.get("bytes"):
@@ -118,6 +120,11 @@ def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
             f"({low_phase}) to {format_bytes(high)} ({high_phase}), "
             f"{format_bytes(high - low)} apart ({high / max(low, 1):.2f}x); a training run "
             f"reaches the highest, which gates use")
+
+
+def threads_label(phase: str, threads: int) -> str:
+    """An order's phase, and its threads when more than one run ops side by side."""
+    return phase if threads == 1 else f"{phase}, {threads} inter-op threads"
 
 
 def shows_spread(high: int, low: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from graphmem.analysis.inspect import order_spread
-from graphmem.report.inspect_report import shows_spread, spread_sentence
+from graphmem.report.inspect_report import shows_spread, spread_sentence, threads_label
 from graphmem.report.tables import print_table
 from graphmem.rewrite import MIN_SAVING, RewriteResult
 from graphmem.units import format_bytes, format_shape
@@ -215,9 +215,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
     for label, est in (("before", b), ("after", a)):
         console.print(f"  peak {label}: at {est.peak_op}{_phase_note(est.phase)}")
     for label, est in (("before", b), ("after", a)):
-        if shows_spread(est.peak_bytes, est.lowest_peak_bytes):
-            console.print("  " + spread_sentence(est.peak_bytes, est.lowest_peak_bytes,
-                                                 est.phase, est.lowest_phase, label))
+        if shows_spread(est.estimated_bytes, est.lowest_peak_bytes):
+            console.print("  " + spread_sentence(
+                est.estimated_bytes, est.lowest_peak_bytes,
+                threads_label(est.phase, est.highest_threads), est.lowest_phase, label))
     if plot:
         console.print(f"plot written to {plot}")
 
