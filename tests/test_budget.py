@@ -449,3 +449,35 @@ def test_memory_policy_trades_recompute_above_the_free_level_for_a_little_peak(
     # under the free level recompute is free: the lower peak is written
     low_free, cheap_free = plan(100, 0.55), plan(104, 0.3)
     assert pick(low_free, cheap_free) is low_free
+
+
+def _chain_spine(n: int, bottlenecks: list[int]):
+    """A chain of n ops, each saving 1 KiB, the cut after position p crossing 64 bytes
+    plus p % 4 (cheapest at multiples of 4), bottlenecks at the given positions."""
+    from graphmem.analysis.spine import Spine
+    from tests.graphbuilder import G
+
+    g = G()
+    g.op("op0", "Placeholder", shape=(256,))
+    for p in range(1, n):
+        g.op(f"op{p}", "Relu", f"op{p - 1}", shape=(256,))
+    ix = g.index()
+    order = list(range(n))
+    weight = [1024] * n
+    cumulative = [1024 * (p + 1) for p in range(n)]
+    return ix, Spine(order, {v: v for v in order}, weight, cumulative,
+                     [64 + p % 4 for p in range(n)], {p: (p, 0) for p in bottlenecks},
+                     [], lambda cuts: [])
+
+
+def test_a_stretch_holding_much_of_the_chain_between_bottlenecks_is_cut_too():
+    # NASNet's cells each read the two cells before: its bottlenecks are all in the stem
+    # and the head, and with only them as cuts one unit held every cell
+    ix, spine = _chain_spine(256, list(range(8)) + [250, 252])
+    units = budget_mod.build_units(ix, spine, None)
+    assert max(units.act) <= spine.total / 16  # the stretch cut every 8 positions
+    inner = [c for c in units.cuts if 8 <= c < 250]
+    assert inner and all(c % 4 == 0 for c in inner)  # the cheapest cut of each stretch
+    # bottlenecks spread along the chain leave it as they cut it
+    ix, spine = _chain_spine(256, list(range(0, 256, 16)))
+    assert budget_mod.build_units(ix, spine, None).cuts == list(range(0, 255, 16))
