@@ -187,27 +187,27 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     # its peak is the highest. On two cores forked children simulate the others
     # (the executor's orders hold only `nodes`: no need to filter them again)
     (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
-    aside = [(phase, order, Background(partial(run_in, order, True), len(index)))
-             for phase, order in others]
-    # two threads: a bound on the peak only (plans are ranked on one thread's orders,
-    # which measured rewrites follow at one thread)
-    two = None
-    if two_threads and allocator:
-        two = two_thread_order(index, nodes, batch_size, bypassed)
+    # (phase, order, start and end times: two threads running ops side by side)
+    orders = [(phase, order, None) for phase, order in others]
+    two = two_thread_order(index, nodes, batch_size, bypassed) \
+        if two_threads and allocator else None
     if two is not None:
-        order, start_at, end_at = two
-        aside.append(("warm-up", order, Background(
-            partial(run_in, order, True, (start_at, end_at)), len(index))))
+        orders.append(("warm-up", two[0], two[1:]))
+    aside = [(phase, order, timing,
+              Background(partial(run_in, order, True, timing), len(index)))
+             for phase, order, timing in orders]
     best = run_in(first_order, True)
     walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op)]
     highest, threads = best.highest_bytes, 1
-    for n, (phase, order, job) in enumerate(aside):
-        paired = two is not None and n == len(aside) - 1
-        est = job.result() or run_in(order, True, (start_at, end_at) if paired else None)
-        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op, 2 if paired else 1))
+    for phase, order, timing, job in aside:
+        est = job.result() or run_in(order, True, timing)
+        n = 1 if timing is None else 2
+        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op, n))
         if est.estimated_bytes > highest:
-            highest, threads = est.estimated_bytes, 2 if paired else 1
-        if est.peak_bytes > best.peak_bytes and not paired:
+            highest, threads = est.estimated_bytes, n
+        # two threads: a bound on the peak only (plans are ranked on one thread's
+        # orders, which measured rewrites follow at one thread)
+        if est.peak_bytes > best.peak_bytes and n == 1:
             est.phase, best = phase, est
     best.highest_bytes, best.highest_threads = highest, threads
     return _with_orders(best, walked)

@@ -880,16 +880,9 @@ def static_shape(shape: list[int] | None, batch_size: int | None = None) -> list
     return out
 
 
-_NO_ATTR: list[Message] = []  # one empty AttrValue, made on first use
-
-
 def attr_of(node: Message, key: str) -> Message:
     """`node.attr[key]`, or an empty AttrValue (its fields read as the type's zero) when
     the node has none, without adding one: indexing a protobuf map adds the key, and an
     attr left empty so is one TF refuses to import (graphs saved with default attrs
     stripped, as Keras saves them, lack every attr at its default)."""
-    if key in node.attr:
-        return node.attr[key]
-    if not _NO_ATTR:
-        _NO_ATTR.append(protos.AttrValue())
-    return _NO_ATTR[0]
+    return node.attr[key] if key in node.attr else protos.AttrValue()
