@@ -34,7 +34,8 @@ Every variant's step is measured in `--processes` fresh processes per thread set
 variants taking turns within each round (TF's executor order, and so the peak, changes from
 process to process): the table shows the median step peak above resident memory relative to
 the original's, the median step time likewise, and the peer's and graphmem's absolute peaks.
-`--warmup 100` measures TF's steady state instead of its first steps. With verification on,
+`--warmup 100` measures TF's steady state instead of its first steps; `--processes 0
+--no-peer --no-verify` prints graphmem's estimate alone (nothing trained). With verification on,
 `graphmem verify --exact` trains the original and graphmem's rewrite for 3 steps with
 Grappler off at each thread setting, and `graphmem verify` once with Grappler on: "same"
 means bit-identical losses and variables, and equal within float rounding (1e-4) with
@@ -64,7 +65,7 @@ from graphmem.api import ROUNDING  # noqa: E402 (above it, a difference is not r
 # name -> canonical input side
 SIDES = {"resnet_v1_50": 224, "resnet_v2_50": 224, "resnet_v1_101": 224,
          "inception_v1": 224, "inception_v2": 224, "inception_v3": 299,
-         "vgg_16": 224, "alexnet_v2": 224, "unet": 256,
+         "vgg_16": 224, "vgg_19": 224, "alexnet_v2": 224, "overfeat": 231, "unet": 256,
          "keras_ResNet50": 224, "keras_MobileNetV2": 224, "keras_InceptionV3": 299,
          "keras_DenseNet121": 224, "keras_EfficientNetB0": 224, "keras_Xception": 299,
          "keras_VGG16": 224, "keras_MobileNetV3Small": 224, "keras_ResNet50V2": 224,

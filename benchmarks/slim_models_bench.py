@@ -76,7 +76,7 @@ def build(name: str, path: Path, side: int, minimize=None) -> None:
 
     _legacy_layers_shim()
     import tf_slim as slim
-    from tf_slim.nets import alexnet, inception, resnet_v1, resnet_v2, vgg
+    from tf_slim.nets import alexnet, inception, overfeat, resnet_v1, resnet_v2, vgg
 
     v1 = tf.compat.v1
     v1.disable_eager_execution()
@@ -89,6 +89,8 @@ def build(name: str, path: Path, side: int, minimize=None) -> None:
         "inception_v2": (inception.inception_v2, inception.inception_v2_arg_scope),
         "inception_v3": (inception.inception_v3, inception.inception_v3_arg_scope),
         "vgg_16": (vgg.vgg_16, vgg.vgg_arg_scope),
+        "vgg_19": (vgg.vgg_19, vgg.vgg_arg_scope),
+        "overfeat": (overfeat.overfeat, overfeat.overfeat_arg_scope),
         "alexnet_v2": (alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope),
     }
     net, arg_scope = nets[name]
@@ -100,7 +102,7 @@ def build(name: str, path: Path, side: int, minimize=None) -> None:
         kwargs = {"num_classes": CLASSES, "is_training": True}
         if name.startswith("resnet"):
             kwargs["global_pool"] = True
-        if name in ("vgg_16", "alexnet_v2"):
+        if name in ("vgg_16", "vgg_19", "alexnet_v2", "overfeat"):
             kwargs["dropout_keep_prob"] = 0.5  # dropout: random ops the rewrite must keep
         with slim.arg_scope(arg_scope()):
             logits, end_points = net(x, **kwargs)
