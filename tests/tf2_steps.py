@@ -76,9 +76,32 @@ def save_vgg_head_step(path: Path, side: int = 64, units: int = 512) -> Path:
     return _save_image_step(path, side, layers)
 
 
+def save_residual_step(path: Path, side: int = 32, blocks: int = 4, width: int = 16) -> Path:
+    """A Keras functional ResNet: `blocks` residual blocks of two 3x3 convolutions, each
+    with a batch norm (built unfused: `x * mul + sub`), added to the block's input and a
+    ReLU; global pooling and a dense head, Keras' SGD with momentum. The adds of each
+    block form sums Grappler rebuilds in another order (a batch norm's `add_1` read by the
+    residual add), and their gradients' `Sum`s are the kind Grappler folds away."""
+
+    def model(keras):
+        x = inputs = keras.Input((side, side, 3))
+        x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(x)
+        for _ in range(blocks):
+            y = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(x)
+            y = keras.layers.ReLU()(keras.layers.BatchNormalization()(y))
+            y = keras.layers.Conv2D(width, 3, padding="same", use_bias=False)(y)
+            y = keras.layers.BatchNormalization()(y)
+            x = keras.layers.ReLU()(keras.layers.Add()([x, y]))
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+    return _save_image_step(path, side, model)
+
+
 def _save_image_step(path: Path, side: int, layers) -> Path:
-    """A Keras Sequential of `layers(keras)` over side x side x 3 images, a softmax cross
-    entropy over its logits, Keras' SGD with momentum; traced once and saved at `path`."""
+    """A Keras model over side x side x 3 images (`layers(keras)`: a list of layers made a
+    Sequential, or a model), a softmax cross entropy over its logits, Keras' SGD with
+    momentum; traced once and saved at `path`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
     import tensorflow as tf
@@ -87,7 +110,9 @@ def _save_image_step(path: Path, side: int, layers) -> Path:
         def __init__(self):
             super().__init__()
             keras.utils.set_random_seed(0)
-            self.model = keras.Sequential([keras.Input((side, side, 3)), *layers(keras)])
+            built = layers(keras)
+            self.model = built if isinstance(built, keras.Model) else \
+                keras.Sequential([keras.Input((side, side, 3)), *built])
             self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
 
         @tf.function(input_signature=[tf.TensorSpec([None, side, side, 3]),

@@ -26,15 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphmem.analysis.removable_ops import FORWARDERS
 from graphmem.graph import dtypes
-from graphmem.graph.index import GraphIndex, Tensor
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
 MUL = "mul"
 ADD = "add"
 _FAMILY = {"Mul": MUL, "Add": ADD, "AddV2": ADD, "AddN": ADD}
-# ops Grappler's pruner removes before the arithmetic optimizer runs (their readers then
-# read their input), when they have no control edges
-FORWARDERS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
 MAX_FORWARDERS = 8
 
 
@@ -46,6 +44,23 @@ class RegroupedTree:
     root: int  # the op whose result the tree computes
     members: list[int]  # the inner ops Grappler folds into the root's group
     forwarders: list[int]  # Identity-like ops between a member and its reader
+
+    @property
+    def inner(self) -> list[int]:
+        """The ops whose result must keep its one reader: a second one (a recompute copy
+        reading a checkpoint there) takes the op out of the tree, and TF sums the rest in
+        another order."""
+        return [*self.members, *self.forwarders]
+
+    @property
+    def control_free(self) -> list[int]:
+        """The ops that must carry no control edge: the inner ones, and a sum's root."""
+        return [*self.inner, self.root] if self.family == ADD else self.inner
+
+
+def inner_roots(trees: list[RegroupedTree]) -> dict[int, int]:
+    """Each inner op of `trees` -> the root of its tree."""
+    return {op: tree.root for tree in trees for op in tree.inner}
 
 
 def family(index: GraphIndex, i: int) -> str | None:
@@ -59,9 +74,17 @@ def family(index: GraphIndex, i: int) -> str | None:
 
 def live_reads(index: GraphIndex, t: Tensor) -> list[tuple[int, int]]:
     """(reader, input position) of each read of tensor t, less those of a forwarder whose
-    output nothing reads (Grappler prunes them; an IdentityN hands input k to output k)."""
+    output nothing reads (Grappler prunes them; an IdentityN hands input k to output k)
+    and those of shape-only ops: the `Shape` a sum's gradient reads for its
+    `BroadcastGradientArgs` is folded away by Grappler's first round when both operands
+    have one shape, and its arithmetic optimizer's second round then folds the op into
+    its reader's tree (Keras NASNetMobile: a batch norm's `add_1`, read by a cell's add).
+    Where the shape reader stays, the tree is one Grappler leaves alone: guarding it
+    only costs an ordering edge."""
     reads = []
     for r in dict.fromkeys(index.consumers.get(t, [])):
+        if index.ops[r] in SHAPE_ONLY_OPS:
+            continue
         for p, s in enumerate(index.data_inputs[r]):
             if s == t and not _dead_output(index, r, p):
                 reads.append((r, p))

@@ -22,11 +22,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
+from graphmem.analysis.arithmetic_groups import inner_roots, regrouped_trees
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS, FILTER_GRADIENTS
 from graphmem.analysis.loops import const_ints
 from graphmem.analysis.regions import Regions, is_state_write
+from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
@@ -68,6 +70,10 @@ class RecomputePlan(PassPlan):
     shape_readers_released: int = 0  # shape-only readers whose control inputs were moved on
     order_edges: int = 0  # weight gradients ordered before the input gradient beside them
     kept_statistics: int = 0  # saved activations kept as small statistics (_small_reductions)
+    # checkpoints inside a sum or product Grappler regroups, kept at the tree's result
+    # instead (_past_regrouped_trees)
+    checkpoints_to_tree_roots: int = 0
+    held_through_identity: int = 0  # copies of a regrouped tree's ops held back by an Identity
 
     @property
     def changed(self) -> bool:  # copies made, inputs rewired or shape readers released
@@ -90,6 +96,10 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     them reads a copy of its own and runs first (`_readers_first`)."""
     plan = RecomputePlan()
     recomputable = facts.recomputable
+    trees = regrouped_trees(index)
+    inner = inner_roots(trees)
+    control_free = {op for tree in trees for op in tree.control_free}
+    checkpoints, plan.checkpoints_to_tree_roots = _past_regrouped_trees(checkpoints, inner)
     small = _small_reductions(index, recomputable, batch_size)
     picked = set(checkpoints)
     keep = picked | small
@@ -131,7 +141,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         scope = f"{COPY_SCOPE}/s{seg}" if not tower else \
             f"{COPY_SCOPE}/t{tower.rsplit(':', 2)[-2].lower()}{tower.rsplit(':', 1)[-1]}s{seg}"
         for group_targets, needed in _independent_groups(index, by_segment[(tower, seg)], keep,
-                                                         recomputable, reach):
+                                                         recomputable, reach, inner):
             copy_name = {i: f"{scope}/{index.names[i]}" for i in needed}
             late = _late_targets(index, group_targets, needed, batch_size) \
                 if late_copies else {}
@@ -184,8 +194,16 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         for i in sorted(needed, key=index.position.__getitem__):
             # appended in place (node ids of the graph stay as the index has them)
             node = g.node.add()
-            if not _copy_node(index, i, copy_name, node):  # the group's first ops: the
-                node.input.extend(held)  # triggers hold them back
+            if _copy_node(index, i, copy_name, node) or not held:
+                continue
+            # the group's first ops: the triggers hold them back; an op of a regrouped
+            # tree through an Identity, as a control edge on it would keep Grappler from
+            # rebuilding the copy's tree as it rebuilds the original's
+            if i in control_free and _holdable(node):
+                _hold_through_identity(g, node, held)
+                plan.held_through_identity += 1
+            else:
+                node.input.extend(held)
         if not triggers:
             plan.not_held_back.append(seg)
         for w, i in group.ref_writes:
@@ -553,8 +571,40 @@ def _groups_closing_cycles(index: GraphIndex, groups: list[_Group],
         cut |= edges
 
 
+def _past_regrouped_trees(checkpoints: list[Tensor], inner: dict[int, int]
+                          ) -> tuple[list[Tensor], int]:
+    """The checkpoints with each one inside a tree Grappler regroups (analysis/
+    arithmetic_groups.py) moved to the tree's result, and how many moved. Copies reading a
+    checkpoint there would give its op a second reader, which takes it out of the tree:
+    TF would then sum the original's tree, and the copy's, in other orders than it sums
+    the untouched graph's, and training would drift by float rounding (Keras NASNetMobile:
+    1e-6 in the first step's loss, 0.08 after five). The tree's result holds as many bytes
+    as the op inside it and is made a few elementwise ops later."""
+    moved = [(inner[t[0]], 0) if t[0] in inner else t for t in checkpoints]
+    return list(dict.fromkeys(moved)), sum(1 for t in checkpoints if t[0] in inner)
+
+
+def _holdable(node) -> bool:
+    """Whether an Identity can stand before `node`'s first input: it has one, and one
+    dtype `T` (the sums and products of a tree do)."""
+    return bool(node.input) and not node.input[0].startswith("^") and "T" in node.attr \
+        and node.attr["T"].WhichOneof("value") == "type"
+
+
+def _hold_through_identity(g, node, held: list[str]) -> None:
+    """Hold `node` back by an Identity of its first input that waits for `held`, marked
+    for Grappler to keep: the copy itself stays free of control edges."""
+    hold = g.node.add(name=f"{node.name}/hold", op="Identity", device=node.device)
+    hold.input.extend([node.input[0], *held])
+    hold.attr["T"].CopyFrom(node.attr["T"])
+    # Grappler would bypass it, handing its edges to the copy
+    hold.attr["_grappler_do_not_remove"].b = True
+    node.input[0] = hold.name
+
+
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
-                        recomputable: set[int], reach: int) -> list[tuple[list, set[int]]]:
+                        recomputable: set[int], reach: int,
+                        inner: dict[int, int] | None = None) -> list[tuple[list, set[int]]]:
     """Split a segment's targets into groups whose copies share no op, so that each group
     is held back by the backward ops that need it, not by those of an unrelated branch.
 
@@ -562,8 +612,11 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
     REACH_SEGMENTS segments back): an op before it is read as it is, which keeps its output
     alive like a checkpoint. Without that bound, checkpoints that do not cut the graph (the
     speed policy keeps matmul outputs; a residual chain's adds go around them) would make
-    every segment copy the whole chain before it, quadratic in the depth."""
+    every segment copy the whole chain before it, quadratic in the depth.
+    An op inside a tree Grappler regroups (`inner`) is copied whenever its reader is,
+    whatever the bounds: read as it is, it would get a second reader and leave its tree."""
     position = index.position
+    inner = inner or {}
     parent: list[int] = list(range(len(targets)))
 
     def find(a: int) -> int:
@@ -586,7 +639,8 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
                 continue
             owner[i] = t_id
             for src, k in index.data_inputs[i]:
-                if src in recomputable and (src, k) not in keep and position[src] > reach:
+                if src in recomputable and ((src, k) not in keep and position[src] > reach
+                                            or src in inner):
                     stack.append(src)
     groups: dict[int, tuple[list, set[int]]] = {}
     for t_id, s in enumerate(targets):
@@ -659,7 +713,9 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
     """The nearest backward ancestors of `consumers` that do not depend on them.
 
     Walking up from the consumers, a backward op that depends on a consumer is passed
-    through; the first ones that do not are the triggers. Only ops placed before the last
+    through, and so is one Grappler may remove (analysis/removable_ops.py: an edge of
+    ours would keep it, and a gradient sum would add its terms in another order); the
+    first ones that do not are the triggers. Only ops placed before the last
     consumer can be ancestors, which bounds both walks. With several towers (`tower`, a
     device), an op of another device is passed through too: a trigger is a backward op of
     the copies' own tower, so that no tower's recomputation waits for another's.
@@ -696,7 +752,7 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
                             can_hold(w):
                         seen.add(w)
                         triggers.add(w)
-            elif can_hold(s):
+            elif can_hold(s) and not may_be_removed(index, s):
                 triggers.add(s)
                 filters, biases = _weight_gradients_beside(index, s, backward)
                 held = [w for w in filters if w not in seen and can_hold(w)]

@@ -33,6 +33,8 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "segments_not_held_back": plan.not_held_back,
         "kept_not_recomputable": plan.kept_blocked,
         "kept_statistics": plan.kept_statistics,
+        "checkpoints_to_tree_roots": plan.checkpoints_to_tree_roots,
+        "held_through_identity": plan.held_through_identity,
         "update_guards": plan.update_guards,
         "groups_released_to_avoid_cycles": plan.cycle_breaks,
         "shape_readers_released": plan.shape_readers_released,
@@ -133,6 +135,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
     if plan.kept_statistics:
         console.print(f"[yellow]kept[/]: {plan.kept_statistics} saved activations, batch "
                       "statistics (an unfused batch norm's moments): not recomputed")
+    if plan.checkpoints_to_tree_roots:
+        console.print(f"[yellow]moved[/]: {plan.checkpoints_to_tree_roots} checkpoints inside "
+                      "a sum or product Grappler regroups, to its result (TF rounds it as "
+                      "in the original)")
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")

@@ -1,0 +1,137 @@
+"""The recompute pass leaves what Grappler sums as the original has it, so that TF, which
+runs the graph after Grappler, rounds the rewritten graph's sums as it rounds the
+original's (with Grappler on, as users train).
+
+Found on Keras NASNetMobile, which trained bit for bit with Grappler off and drifted with
+it on (1e-6 in the first step's loss, 1e-2 after five): a checkpoint inside a sum Grappler
+rebuilds (a batch norm's `add_1` read by a cell's add) took its op out of the sum, and a
+segment held back by a gradient's `Sum` over empty axes kept Grappler from folding it,
+which changed the order of a gradient `AddN`'s terms."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphmem.analysis.activations import analyze_forward
+from graphmem.analysis.regions import analyze_regions
+from graphmem.analysis.removable_ops import may_be_removed
+from graphmem.graph.names import COPY_SCOPE
+from graphmem.passes.recompute import _triggers, apply_recompute
+from tests.graphbuilder import G
+
+X = (8, 16)
+C = (16,)
+
+
+def _residual_sum() -> G:
+    """relu(a * scale + beta + a), an unfused batch norm's output added to its input: a
+    sum of two shapes Grappler rebuilds; a backward pass reading the activations."""
+    g = G()
+    g.op("x", "Placeholder", shape=X)
+    g.op("scale", "Const", shape=C)
+    g.op("beta", "Const", shape=C)
+    g.op("a", "Relu", "x", shape=X)
+    g.op("m", "Mul", "a", "scale", shape=X)
+    g.op("inner", "AddV2", "m", "beta", shape=X)
+    g.op("root", "AddV2", "inner", "a", shape=X)
+    g.op("r", "Relu", "root", shape=X)
+    g.op("gradients/g", "Const", shape=X)
+    g.op("gradients/d1", "Mul", "gradients/g", "r", shape=X)
+    g.op("gradients/d2", "ReluGrad", "gradients/d1", "root", shape=X)
+    g.op("gradients/d3", "Mul", "gradients/d2", "scale", shape=X)
+    g.op("gradients/d4", "ReluGrad", "gradients/d3", "a", shape=X)
+    return g
+
+
+def _recompute(g: G, checkpoint: str):
+    ix = g.index()
+    regions = analyze_regions(ix)
+    facts = analyze_forward(ix, regions)
+    plan = apply_recompute(ix, regions, facts, [(ix.id_of[checkpoint], 0)])
+    return plan, g.index()
+
+
+def test_a_checkpoint_inside_a_regrouped_sum_moves_to_the_sums_result():
+    g = _residual_sum()
+    plan, new = _recompute(g, "inner")
+    assert plan.checkpoints_to_tree_roots == 1
+    assert plan.copied_ops > 0
+    inner = new.id_of["inner"]
+    assert [new.names[r] for r in new.data_consumers(inner)] == ["root"]  # still one reader
+    assert not any(n.startswith(COPY_SCOPE) and n.endswith("/inner") for n in new.names)
+    # the backward reads of the sum's result are its own: it is the checkpoint now
+    assert new.names[new.data_inputs[new.id_of["gradients/d2"]][1][0]] == "root"
+
+
+def test_copies_of_a_regrouped_sum_are_held_back_through_an_identity():
+    """With the checkpoint below the sum (`m`), the copy of its inner add reads no copy and
+    is where the segment starts: an ordering edge on it would keep Grappler from rebuilding
+    the copy's sum as the original's; an Identity before it carries the edge."""
+    g = _residual_sum()
+    plan, new = _recompute(g, "m")
+    assert plan.checkpoints_to_tree_roots == 0
+    assert plan.held_through_identity == 1
+    copy = next(i for i, n in enumerate(new.names)
+                if n.startswith(COPY_SCOPE) and n.endswith("/inner"))
+    assert new.control_inputs[copy] == []
+    hold = new.data_inputs[copy][0][0]
+    assert new.ops[hold] == "Identity" and new.control_inputs[hold]
+    assert new.data_inputs[hold] == [(new.id_of["m"], 0)]
+    copied_root = next(i for i, n in enumerate(new.names)
+                       if n.startswith(COPY_SCOPE) and n.endswith("/root"))
+    assert new.data_inputs[copied_root][0] == (copy, 0)
+
+
+def _broadcast_gradient() -> G:
+    """The gradient of `y = a + b` as TF writes it: sums over the axes
+    BroadcastGradientArgs finds, reshaped to each input's shape."""
+    g = G()
+    g.op("x", "Placeholder", shape=X)
+    g.op("a", "Relu", "x", shape=X)
+    g.op("b", "Tanh", "x", shape=X)
+    g.op("y", "AddV2", "a", "b", shape=X)
+    g.op("gradients/dy", "Sigmoid", "y", shape=X)
+    g.op("gradients/Shape", "Shape", "a", shape=(2,), dtype=3)
+    g.op("gradients/Shape_1", "Shape", "b", shape=(2,), dtype=3)
+    g.op("gradients/BroadcastGradientArgs", "BroadcastGradientArgs", "gradients/Shape",
+         "gradients/Shape_1", shape=(None,), dtype=3, n_out=2)
+    g.op("gradients/Sum", "Sum", "gradients/dy", "gradients/BroadcastGradientArgs",
+         shape=X)
+    g.op("gradients/Reshape", "Reshape", "gradients/Sum", "gradients/Shape", shape=X)
+    g.op("gradients/use", "ReluGrad", "gradients/Reshape", "a", shape=X)
+    return g
+
+
+def test_ops_grappler_folds_away_are_known():
+    ix = _broadcast_gradient().index()
+    removable = {ix.names[i] for i in range(len(ix)) if may_be_removed(ix, i)}
+    assert removable == {"gradients/Shape", "gradients/Shape_1",
+                         "gradients/BroadcastGradientArgs", "gradients/Sum",
+                         "gradients/Reshape"}
+
+
+def test_segments_are_not_held_back_by_ops_grappler_folds_away():
+    ix = _broadcast_gradient().index()
+    regions = analyze_regions(ix)
+    triggers = _triggers(ix, regions, {ix.id_of["gradients/use"]})
+    assert {ix.names[t] for t in triggers} == {"gradients/dy"}
+
+
+@pytest.mark.tf
+def test_a_keras_resnet_with_checkpoints_in_its_sums_trains_bit_for_bit(tmp_path):
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+    from graphmem.runtime.train_runner import RunSpec
+    from graphmem.runtime.verify import verify
+    from tests.tf2_steps import save_residual_step
+
+    src = save_residual_step(tmp_path / "resnet")
+    out = tmp_path / "rewritten"
+    # the batch norms' outputs, each read only by its block's residual add
+    picks = ["batch_normalization_1_2/batchnorm/add_1:0",
+             "batch_normalization_3_1/batchnorm/add_1:0"]
+    result = rewrite_file(src, out, RewriteOptions("names", picks, 16))
+    assert result.plan.checkpoints_to_tree_roots == 2
+    assert result.passes["regroup guard"].trees_changed == 0
+    run = verify(str(src), str(out), RunSpec(batch_size=16), 3, 0.0, 0.0)  # Grappler on
+    assert run.same_training, run.mismatches
+    assert run.max_loss_diff == 0 and run.max_variable_diff == 0
