@@ -140,3 +140,22 @@ def test_a_keras_batch_norm_step_trains_bit_for_bit_with_grappler_on(tmp_path, m
     result, run = rewrite_and_train("unguarded")
     assert "regroup guard" not in result.passes
     assert not run.same_training and run.max_variable_diff < 1e-6
+
+
+def test_a_shape_reader_does_not_hide_a_tree():
+    """The `Shape` a sum's gradient reads of each operand is folded away by Grappler
+    before its arithmetic optimizer's second round, which then rebuilds the sum (Keras
+    NASNetMobile: a batch norm's `add_1`, read by a cell's add and by that `Shape`)."""
+    g = G()
+    for x in "abc":
+        g.op(x, "Placeholder", shape=C)
+    g.op("bias", "Placeholder", shape=(1,))
+    g.op("inner", "AddV2", "a", "bias", shape=C)  # two shapes: Grappler regroups
+    g.op("sum", "AddV2", "inner", "b", shape=C)
+    g.op("gradients/Shape", "Shape", "inner", shape=(1,), dtype=3)
+    trees = regrouped_trees(g.index())
+    index = g.index()
+    assert [(index.names[t.root], [index.names[m] for m in t.members]) for t in trees] == \
+        [("sum", ["inner"])]
+    g.op("r", "Relu", "inner", shape=C)  # a second reader that computes: no tree
+    assert regrouped_trees(g.index()) == []
