@@ -26,13 +26,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphmem.analysis.removable_ops import FORWARDERS
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
 MUL = "mul"
 ADD = "add"
 _FAMILY = {"Mul": MUL, "Add": ADD, "AddV2": ADD, "AddN": ADD}
+# ops Grappler's pruner removes before the arithmetic optimizer runs (their readers then
+# read their input), when they have no control edges
+FORWARDERS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
 MAX_FORWARDERS = 8
 
 

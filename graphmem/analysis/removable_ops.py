@@ -10,19 +10,17 @@ rounds differently (Keras NASNetMobile: a recompute segment held back by the `Su
 cell's add gradient kept it; the gradient of the cell's concat summed in another order,
 and the loss drifted by 1e-2 in five steps). Our edges go to the ops these ones read
 instead. A superset where unsure: passing an op that stays only moves an edge one op
-earlier.
+earlier. (`broadcast_grads.folded_readers` finds the same reductions and reshapes where
+static shapes prove Grappler folds them, for the estimate; here a possible fold is
+enough.)
 """
 
 from __future__ import annotations
 
+from graphmem.analysis.arithmetic_groups import FORWARDERS
+from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, attr_of
 
-# ops Grappler's pruner removes (their readers then read their input), when they have no
-# control edges
-FORWARDERS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
-
-# reductions Grappler turns into an Identity when their axes are empty
-REDUCTIONS = frozenset({"Sum", "Mean", "Prod", "Max", "Min"})
 # where the axes of a gradient's reduction come from when they may be empty
 AXES_FROM = frozenset({"BroadcastGradientArgs"})
 SHAPE_OPS = frozenset({"Shape", "ShapeN"})
@@ -39,7 +37,7 @@ def may_be_removed(index: GraphIndex, i: int) -> bool:
         return True
     if op == "AddN":
         return len(inputs) == 1
-    if op in REDUCTIONS and len(inputs) == 2:
+    if op in REDUCTION_OPS and len(inputs) == 2:
         axes = inputs[1][0]
         return index.ops[axes] in AXES_FROM or _empty_const(index, axes)
     if op == "Reshape" and len(inputs) == 2:

@@ -604,7 +604,7 @@ def _hold_through_identity(g, node, held: list[str]) -> None:
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
                         recomputable: set[int], reach: int,
-                        inner: dict[int, int] | None = None) -> list[tuple[list, set[int]]]:
+                        inner: dict[int, int]) -> list[tuple[list, set[int]]]:
     """Split a segment's targets into groups whose copies share no op, so that each group
     is held back by the backward ops that need it, not by those of an unrelated branch.
 
@@ -616,7 +616,6 @@ def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
     An op inside a tree Grappler regroups (`inner`) is copied whenever its reader is,
     whatever the bounds: read as it is, it would get a second reader and leave its tree."""
     position = index.position
-    inner = inner or {}
     parent: list[int] = list(range(len(targets)))
 
     def find(a: int) -> int:
