@@ -1,6 +1,7 @@
 """The budget policy: optimal on chains worked out by hand, honest when a budget cannot be met."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -481,3 +482,66 @@ def test_a_stretch_holding_much_of_the_chain_between_bottlenecks_is_cut_too():
     # bottlenecks spread along the chain leave it as they cut it
     ix, spine = _chain_spine(256, list(range(0, 256, 16)))
     assert budget_mod.build_units(ix, spine, None).cuts == list(range(0, 255, 16))
+
+
+class _PlansWithLateRunner(_PlainRunner):
+    """Candidates measured as given; a late-copies variant as `late` says (plan's tensor ->
+    (peak, FLOPs)), and the plans whose variant was asked for are recorded."""
+
+    def __init__(self, plans, late):
+        super().__init__(plans)
+        self.late, self.asked = late, []
+
+    def measure(self, choice):
+        from graphmem.analysis.memory import MemoryEstimate
+
+        key = choice.tensors[0]
+        if not choice.late_copies:
+            return super().measure(choice)
+        self.asked.append(key)
+        peak, flops = self.late.get(key, (None, None))
+        if peak is None:  # no target to copy twice: the same plan
+            return super().measure(replace(choice, late_copies=False))
+        return MemoryEstimate(peak, 0, 0, ""), flops
+
+    def ran_weight_grads_first(self, choice):
+        return False
+
+
+@pytest.mark.parametrize("late_peak, written", [(85, "late"), (99, "plain")])
+def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
+        late_peak, written, monkeypatch):
+    """Late copies are tried on the plans whose estimated peak, less the recomputed copies
+    live there (all late copies can free), is below the lowest peak (Keras' VGG19 at 224
+    px: the eighth lowest plan's late copies peak lowest of all), and the plan written is
+    chosen over all of them by the policy's one rule: the lowest peak, and of the plans
+    within MEMORY_TOLERANCE of it the least recompute (a late variant within 3% of a plan
+    with less recompute is not written)."""
+    import graphmem.analysis.cost as cost
+    from graphmem.analysis.memory import LiveTensor, MemoryEstimate
+    from graphmem.passes.checkpoints import CheckpointChoice
+
+    monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
+
+    def plan(peak, flops, copies):
+        live = [LiveTensor(f"graphmem_recompute/s0/x{peak}:0", copies, None),
+                LiveTensor(f"y{peak}:0", peak - copies, None)]
+        return budget_mod.BudgetCandidate(
+            "budget", CheckpointChoice("memory", [(peak, 0)], lead=False), None,
+            MemoryEstimate(peak, 0, 0, "", live), flops)
+
+    lowest = plan(100, 50, copies=0)
+    hopeful = plan(120, 300, copies=60)  # could go to 60
+    no_copies = plan(130, 200, copies=0)
+    few_copies = plan(140, 250, copies=30)  # 110 at best: above the lowest
+    plans = [lowest, hopeful, no_copies, few_copies]
+    runner = _PlansWithLateRunner(plans, {(120, 0): (late_peak, 350), (130, 0): (60, 250),
+                                          (140, 0): (60, 300)})
+    pick = budget_mod._memory_pick(None, None, 32, plans, runner)
+    # the lowest plan (the base, always tried) and the one whose copies could make it the
+    # lowest; the others' late copies would free too little
+    assert runner.asked == [(100, 0), (120, 0)]
+    if written == "late":
+        assert pick.best.choice.late_copies and pick.best.after.peak_bytes == late_peak
+    else:
+        assert pick.best is lowest

@@ -29,6 +29,7 @@ from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
 from graphmem.errors import UsageError
 from graphmem.graph.index import GraphIndex, Tensor, nbytes
+from graphmem.graph.names import COPY_SCOPE
 from graphmem.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -582,7 +583,7 @@ BISECT_PROBES = 8
 # within this share of that peak is as good (the estimate's own error is larger), and the one
 # of them with the least recompute is written: never a plan another one beats on both.
 MEMORY_TOLERANCE = 0.03
-LATE_COPY_TRIES = 3  # of the lowest plans, besides the chosen one (_memory_pick)
+LATE_COPY_TRIES = 8  # plans that may peak lowest with late copies, besides the chosen one
 # The memory policy recomputes at most this share of the forward pass's FLOPs when any plan
 # tried does (and the forward pass holds no loop or function call, whose FLOPs op_flops
 # cannot count): step time grows with recompute (tf-slim ResNet-50 v1 at 224 px, batch 32,
@@ -821,21 +822,23 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     if min(r.after.estimated_bytes for r in affordable) > \
             MEMORY_CAP_MAX_COST * min(r.after.estimated_bytes for r in runs):
         affordable, cap = runs, math.inf  # the cap would cost far more than a few percent
+    capped = min(r.after.peak_bytes for r in runs) < \
+        min(r.after.peak_bytes for r in affordable)
+    base = _least_recompute_lowest(affordable)
+    # late copies of the chosen plan and of the LATE_COPY_TRIES plans that could peak
+    # lowest with them: late copies free recomputed copies alone, so a plan whose peak less
+    # the copies live there is not below the lowest peak cannot become the lowest (Keras'
+    # NASNetMobile and DenseNet169: their heuristic plans' late copies were tried for
+    # minutes and peaked 1.6-6x the lowest). A plan's first layers may be what its late
+    # copies cut (Keras' VGG16 at 224 px, once fc1's weight gradient runs late: the third
+    # lowest plan peaks at block1's copies, 1451 MiB estimated, and its late copies take
+    # that peak away, 1111 MiB estimated; Keras' VGG19: the eighth lowest plan's late
+    # copies peak lowest of all, 1242 MiB against 1369 MiB without)
     lowest = min(r.after.peak_bytes for r in affordable)
-    capped = min(r.after.peak_bytes for r in runs) < lowest
-    # least recompute first, then a plan whose segments lead (faster with several inter-op
-    # threads), then the lower peak
-    base = min((r for r in affordable if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
-               key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
-    best = base
-    # late copies of the chosen plan and of the LATE_COPY_TRIES lowest: a plan's first
-    # layers may be what its late copies cut (Keras' VGG16 at 224 px, once fc1's weight
-    # gradient runs late: the third lowest plan peaks at block1's copies, 1451 MiB
-    # estimated, and its late copies take that peak away, 1111 MiB estimated; the two
-    # below it recompute too little of block1 to have late copies)
-    lowest = sorted(affordable, key=lambda r: (r.after.peak_bytes, r.extra_flops))
+    hopeful = sorted((r for r in affordable if _without_copies_at_peak(r) < lowest),
+                     key=lambda r: (_without_copies_at_peak(r), r.extra_flops))
     tried: list[BudgetCandidate] = []
-    for plan in [base, *lowest[:LATE_COPY_TRIES]]:
+    for plan in [base, *hopeful[:LATE_COPY_TRIES]]:
         if any(plan is t for t in tried):
             continue
         tried.append(plan)
@@ -843,9 +846,12 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         if late is None:
             continue
         runs = [*runs, late]
-        if late.after.peak_bytes < best.after.peak_bytes * (1 - MEMORY_TOLERANCE) and \
-                late.extra_flops <= cap:
-            best = late
+        if late.extra_flops <= cap:
+            affordable = [*affordable, late]
+    # the same rule over the plans with late copies too, so that a late variant is written
+    # only where it is the lowest (and then, of the plans within the tolerance, the one
+    # with the least recompute)
+    best = _least_recompute_lowest(affordable)
     if forward:
         # a plan with less recompute, where the peak it gives up is worth less than the
         # recompute above MEMORY_FREE_RECOMPUTE it saves
@@ -860,6 +866,22 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         if worth(cheaper) < worth(low):
             return MemoryPick(cheaper, runs, capped, base, low, forward)
     return MemoryPick(best, runs, capped, base)
+
+
+def _least_recompute_lowest(runs: list[BudgetCandidate]) -> BudgetCandidate:
+    """Of the plans within MEMORY_TOLERANCE of the lowest estimated peak, the one with the
+    least recompute, then one whose segments lead (faster with several inter-op threads),
+    then the lower peak."""
+    lowest = min(r.after.peak_bytes for r in runs)
+    return min((r for r in runs if r.after.peak_bytes <= lowest * (1 + MEMORY_TOLERANCE)),
+               key=lambda r: (r.extra_flops, not r.choice.lead, r.after.peak_bytes))
+
+
+def _without_copies_at_peak(run: BudgetCandidate) -> int:
+    """The plan's estimated peak less the recomputed copies among the largest buffers live
+    there: the most its late copies could lower it to."""
+    return run.after.peak_bytes - sum(t.bytes for t in run.after.live_at_peak
+                                      if t.name.startswith(COPY_SCOPE + "/"))
 
 
 def _try(runner: PlanRunner, policy: str, choice: CheckpointChoice,
