@@ -62,6 +62,10 @@ FORWARDING_OPS = frozenset({
     "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "LeakyReluGrad",
     "SelectV2", "Select", "FusedBatchNormV3", "Softmax", "LogSoftmax",
 })
+# Kernels that write into their first input's buffer when nothing else reads it any more,
+# and never into another input's: a max pooling's gradient on the CPU (its first input is
+# the pooled tensor, as large as its output; passes/pool_first.py leaves it the last reader)
+FIRST_INPUT_FORWARDING_OPS = frozenset({"MaxPoolGrad"})
 # Kernels that write a resource variable in place (TF's PrepareToUpdateVariable, or the
 # buffer swap of AssignVariableOp). A ReadVariableOp's output is the variable's own buffer;
 # when such a read is still to be consumed, the update cannot write into that buffer: the
@@ -368,7 +372,7 @@ class _OpKind:
         self.aliasing = op in ALIASING_OPS
         self.persistent = op in PERSISTENT_OPS
         self.element_view = op in ELEMENT_VIEW_OUTPUT
-        self.forwarding = op in FORWARDING_OPS
+        self.forwarding = op in FORWARDING_OPS or op in FIRST_INPUT_FORWARDING_OPS
         self.scratch = has_scratch(op)  # kernel_scratch.scratch_model is 0 for the others
 
 
@@ -837,7 +841,9 @@ def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
 def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
     """An input buffer of the same size read for the last time here, which TF's element-wise
     kernels take over as their output instead of allocating."""
-    if op not in FORWARDING_OPS:
+    if op in FIRST_INPUT_FORWARDING_OPS:
+        inputs = inputs[:1]
+    elif op not in FORWARDING_OPS:
         return None
     slots = len(inputs)
     for t in inputs:
