@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from graphmem.analysis.bfc import ADOPT, replay_step
 from graphmem.analysis.broadcast_grads import forwarding_reductions
-from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
+from graphmem.analysis.kernel_scratch import has_scratch, onednn_enabled, scratch_model
 from graphmem.analysis.loops import (
     ELEMENT_VIEW_OUTPUT,
     Loop,
@@ -62,6 +62,11 @@ FORWARDING_OPS = frozenset({
     "TanhGrad", "SigmoidGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad", "LeakyReluGrad",
     "SelectV2", "Select", "FusedBatchNormV3", "Softmax", "LogSoftmax",
 })
+# Kernels that write into their first input's buffer when nothing else reads it any more,
+# and never into another input's: a max pooling's gradient on the CPU with Eigen's kernels
+# (its first input is the pooled tensor, as large as its output; passes/pool_first.py leaves
+# it the last reader). oneDNN's pooling gradient allocates its output.
+FIRST_INPUT_FORWARDING_OPS = frozenset({"MaxPoolGrad"})
 # Kernels that write a resource variable in place (TF's PrepareToUpdateVariable, or the
 # buffer swap of AssignVariableOp). A ReadVariableOp's output is the variable's own buffer;
 # when such a read is still to be consumed, the update cannot write into that buffer: the
@@ -178,9 +183,11 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     host = normalize_device(host_device) if host_device else None
     loops = analyze_loops(index, batch_size, library, _loop_depth, loop_body_peak)
     variables = persistent_buffers(index)
+    on = onednn if onednn is not None else onednn_enabled()
     run_in = _Simulation(index, batch_size, host, keep_timeline, top, loops,
-                         scratch_model(index, batch_size, onednn), allocator,
-                         forwarding_reductions(index, nodes, batch_size), variables, nodes)
+                         scratch_model(index, batch_size, on), allocator,
+                         forwarding_reductions(index, nodes, batch_size), variables, nodes,
+                         frozenset() if on else FIRST_INPUT_FORWARDING_OPS)
     if order is not None or schedule != "executor":
         return _with_orders(run_in(order if order is not None else index.topo), [])
     # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
@@ -235,6 +242,7 @@ class _Simulation:
     forwards: set[int]
     variables: list[tuple[int, int]]
     nodes: set[int] | None
+    first_input_forwarding: frozenset[str] = FIRST_INPUT_FORWARDING_OPS
 
     def __call__(self, order: list[int], of_nodes: bool = False,
                  timing: tuple[list[float], list[float]] | None = None) -> MemoryEstimate:
@@ -251,6 +259,7 @@ class _Simulation:
                         allocator=self.allocator, forwards=self.forwards,
                         persistent=[(normal[devices[i]], b) for i, b in variables],
                         variable_keys={i: (k, b) for k, (i, b) in enumerate(variables)},
+                        first_input_forwarding=self.first_input_forwarding,
                         timing=timing)
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
@@ -362,13 +371,13 @@ class _OpKind:
     __slots__ = ("updates", "back_edge", "aliasing", "persistent", "element_view",
                  "forwarding", "scratch")
 
-    def __init__(self, op: str) -> None:
+    def __init__(self, op: str, first_input_forwarding: frozenset[str]) -> None:
         self.updates = updates_variable(op)
         self.back_edge = op in _BACK_EDGES
         self.aliasing = op in ALIASING_OPS
         self.persistent = op in PERSISTENT_OPS
         self.element_view = op in ELEMENT_VIEW_OUTPUT
-        self.forwarding = op in FORWARDING_OPS
+        self.forwarding = op in FORWARDING_OPS or op in first_input_forwarding
         self.scratch = has_scratch(op)  # kernel_scratch.scratch_model is 0 for the others
 
 
@@ -378,7 +387,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
               allocator: bool = True, persistent: list[tuple[str, int]] | None = None,
               forwards: set[int] | None = None,
               variable_keys: dict[int, tuple[int, int]] | None = None,
-              timing: tuple[list[float], list[float]] | None = None) -> _Run:
+              timing: tuple[list[float], list[float]] | None = None,
+              first_input_forwarding: frozenset[str] = FIRST_INPUT_FORWARDING_OPS) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
@@ -453,7 +463,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             inputs = [t for t in inputs if member[t[0]]]
         kind = kinds.get(op)
         if kind is None:
-            kind = kinds[op] = _OpKind(op)
+            kind = kinds[op] = _OpKind(op, first_input_forwarding)
         adopted = None
         if op == "AssignVariableOp" and variable_keys and len(inputs) == 2 and \
                 events is not None:
@@ -537,7 +547,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 else:
                     b = allocation_bytes(b)  # TF's BFC allocator hands out multiples of 256
                     if kind.forwarding:
-                        donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken)
+                        donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken,
+                                             op in first_input_forwarding)
                         if donor is not None:  # TF reuses an input buffer this op reads last
                             if taken is _NOTHING_TAKEN:
                                 taken = set()
@@ -834,10 +845,14 @@ def _aliased_input(op: str, k: int, inputs: list[Tensor]) -> Tensor | None:
     return inputs[0] if k == 0 else None
 
 
-def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken) -> Tensor | None:
+def _forwardable(op, inputs, buffer_of, pending, size, nbytes_out, taken,
+                 first_only: bool = False) -> Tensor | None:
     """An input buffer of the same size read for the last time here, which TF's element-wise
-    kernels take over as their output instead of allocating."""
-    if op not in FORWARDING_OPS:
+    kernels take over as their output instead of allocating (`first_only`: a kernel that
+    forwards its first input alone)."""
+    if first_only:
+        inputs = inputs[:1]
+    elif op not in FORWARDING_OPS:
         return None
     slots = len(inputs)
     for t in inputs:

@@ -113,8 +113,9 @@ class Regions:
 
 
 # ops a pass leaves without readers when it replaces them (split_identityn.py: a
-# gradient IdentityN; in_place_terms.py: a weight-decay sum)
-_REPLACED_OPS = frozenset({"IdentityN", "AddN", "Add", "AddV2"})
+# gradient IdentityN; in_place_terms.py: a weight-decay sum; pool_first.py: a ReLU
+# gradient, and with it the pooling gradient only it read)
+_REPLACED_OPS = frozenset({"IdentityN", "AddN", "Add", "AddV2", "ReluGrad"})
 
 
 def _left_unread(index: GraphIndex, roots: set[int]) -> set[int]:

@@ -27,6 +27,7 @@ from graphmem.passes.late_terms import LateTermsPass
 from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
 from graphmem.passes.loop_sums import LoopSumsPass
+from graphmem.passes.pool_first import PoolFirstPass
 from graphmem.passes.recompute import RecomputePass
 from graphmem.passes.regroup_guard import RegroupGuardPass
 from graphmem.passes.split_identityn import SplitIdentityNPass
@@ -34,7 +35,8 @@ from graphmem.passes.swap import SwapPass
 
 # the order matters: recompute plans on the original graph's saved activations; the loop
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
-# what recompute kept; large weight-decay terms are then added into their gradients in
+# what recompute kept; a max pooling's gradient then masks its incoming gradient before it
+# scatters it (pool_first.py); large weight-decay terms are added into their gradients in
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
 # last readers, late weight-decay terms, early updates, and late weight gradients, which
 # undo early updates where a gradient is far larger than its inputs) come next, as they
@@ -46,6 +48,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     LoopRecomputePass(),
     LoopRecomputeV1Pass(),
     SwapPass(),
+    PoolFirstPass(),
     InPlaceTermsPass(),
     SplitIdentityNPass(),
     LoopSumsPass(),

@@ -43,6 +43,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "reverted": result.reverted,
         "early_updates": result.early,
         "in_place_terms": result.passes.get("in-place terms"),
+        "pool_first": result.passes.get("pool first"),
         "late_gradients": result.passes.get("late gradients"),
         "regroup_guard": result.passes.get("regroup guard"),
         "fusion_guard": result.passes.get("fusion guard"),
@@ -173,6 +174,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
             console.print(f"late terms: {e.late_terms} weight-decay terms are computed just "
                           f"before the gradient they are added to ({format_bytes(e.late_term_bytes)}"
                           " no longer waits through the backward pass)")
+    pool_first = result.passes.get("pool first")
+    if pool_first is not None and pool_first.pools:
+        console.print(f"pool first: {len(pool_first.pools)} max poolings' gradients mask the "
+                      "incoming gradient before they scatter it, into the pooled input's "
+                      f"buffer ({format_bytes(pool_first.bytes)} no longer allocated beside it)")
     in_place = result.passes.get("in-place terms")
     if in_place is not None and in_place.terms:
         console.print(f"in-place terms: {len(in_place.terms)} weight-decay terms are added into "
