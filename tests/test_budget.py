@@ -513,7 +513,7 @@ def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
         late_peak, written, monkeypatch):
     """Late copies are tried on the plans whose estimated peak, less the recomputed copies
     live there (all late copies can free), is below the lowest peak (Keras' VGG19 at 224
-    px: the eighth lowest plan's late copies peak lowest of all), and the plan written is
+    px: the fourth lowest plan's late copies peak lowest of all), and the plan written is
     chosen over all of them by the policy's one rule: the lowest peak, and of the plans
     within MEMORY_TOLERANCE of it the least recompute (a late variant within 3% of a plan
     with less recompute is not written)."""

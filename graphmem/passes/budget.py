@@ -838,8 +838,9 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     # minutes and peaked 1.6-6x the lowest). A plan's first layers may be what its late
     # copies cut (Keras' VGG16 at 224 px, once fc1's weight gradient runs late: the third
     # lowest plan peaks at block1's copies, 1451 MiB estimated, and its late copies take
-    # that peak away, 1111 MiB estimated; Keras' VGG19: the eighth lowest plan's late
-    # copies peak lowest of all, 1242 MiB against 1369 MiB without)
+    # that peak away, 1111 MiB estimated; Keras' VGG19 with pooling gradients first: the
+    # late copies of the fourth lowest plan, which recomputes block 1, peak lowest of all,
+    # 1072 MiB against 1339 MiB for the lowest plan without them)
     lowest = min(r.after.peak_bytes for r in affordable)
     hopeful = sorted((r for r in affordable if _without_copies_at_peak(r) < lowest),
                      key=lambda r: (_without_copies_at_peak(r), r.extra_flops))
