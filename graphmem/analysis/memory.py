@@ -369,7 +369,7 @@ class _OpKind:
     repeats a few dozen types, and each question is a set lookup per output otherwise."""
 
     __slots__ = ("updates", "back_edge", "aliasing", "persistent", "element_view",
-                 "forwarding", "scratch")
+                 "forwarding", "first_only", "scratch")
 
     def __init__(self, op: str, first_input_forwarding: frozenset[str]) -> None:
         self.updates = updates_variable(op)
@@ -377,7 +377,8 @@ class _OpKind:
         self.aliasing = op in ALIASING_OPS
         self.persistent = op in PERSISTENT_OPS
         self.element_view = op in ELEMENT_VIEW_OUTPUT
-        self.forwarding = op in FORWARDING_OPS or op in first_input_forwarding
+        self.first_only = op in first_input_forwarding  # forwards its first input alone
+        self.forwarding = op in FORWARDING_OPS or self.first_only
         self.scratch = has_scratch(op)  # kernel_scratch.scratch_model is 0 for the others
 
 
@@ -548,7 +549,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     b = allocation_bytes(b)  # TF's BFC allocator hands out multiples of 256
                     if kind.forwarding:
                         donor = _forwardable(op, inputs, buffer_of, pending, size, b, taken,
-                                             op in first_input_forwarding)
+                                             kind.first_only)
                         if donor is not None:  # TF reuses an input buffer this op reads last
                             if taken is _NOTHING_TAKEN:
                                 taken = set()

@@ -8,11 +8,16 @@ so that a rewritten graph serializes to the same bytes whichever pass built the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
 
 from graphmem import protos
 from graphmem.graph import dtypes
+from graphmem.graph.names import input_string, parse_input
+
+if TYPE_CHECKING:
+    from graphmem.graph.index import GraphIndex
 
 
 def unique_name(name: str, taken: Callable[[str], bool]) -> str:
@@ -22,6 +27,23 @@ def unique_name(name: str, taken: Callable[[str], bool]) -> str:
         n += 1
         name = f"{base}_{n}"
     return name
+
+
+def redirect_readers(index: GraphIndex, olds: Iterable[int], replaced: dict[str, str]) -> None:
+    """Point the readers of the ops `olds` (data and control inputs naming an op of
+    `replaced`, old name -> new name) at its replacement, in `index.graph_def`. The old ops
+    themselves are left as they are (unread, a pass replaces them)."""
+    olds = set(olds)
+    readers = {c for i in olds for c in index.data_consumers(i)}
+    readers |= {c for i in olds for c in index.control_consumers[i]}
+    g = index.graph_def
+    for c in sorted(readers - olds):
+        node = g.node[c]
+        for slot, text in enumerate(node.input):
+            src, k, control = parse_input(text)
+            if src in replaced:
+                node.input[slot] = "^" + replaced[src] if control else \
+                    input_string(replaced[src], k)
 
 
 def add_scalar_const(graph: Message, name: str, dtype: int, value: int | None = None,

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 from graphmem.analysis.decay_terms import DecayJoin, decay_joins
 from graphmem.graph import dtypes
-from graphmem.graph.builders import add_int32_const, add_op, unique_name
+from graphmem.graph.builders import add_int32_const, add_op, redirect_readers, unique_name
 from graphmem.graph.index import GraphIndex
-from graphmem.graph.names import input_string, parse_input
+from graphmem.graph.names import input_string
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SCOPE = "graphmem_in_place"
@@ -64,15 +64,7 @@ def add_terms_in_place(index: GraphIndex, joins: list[DecayJoin]) -> InPlaceTerm
         plan.bytes += d.bytes
     if not replaced:
         return plan
-    readers = {c for d in joins for c in index.data_consumers(d.join)}
-    readers |= {c for d in joins for c in index.control_consumers[d.join]}
-    for c in sorted(readers):
-        node = g.node[c]
-        for slot, text in enumerate(node.input):
-            src, k, control = parse_input(text)
-            if src in replaced:
-                node.input[slot] = "^" + replaced[src] if control else \
-                    input_string(replaced[src], k)
+    redirect_readers(index, (d.join for d in joins), replaced)
     return plan
 
 

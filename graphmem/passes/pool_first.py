@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.regions import Regions
-from graphmem.graph.builders import unique_name
+from graphmem.graph.builders import redirect_readers, unique_name
 from graphmem.graph.index import GraphIndex, Tensor
-from graphmem.graph.names import COPY_SCOPE, input_string, parse_input
+from graphmem.graph.names import COPY_SCOPE, input_string
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SCOPE = "graphmem_pool_first"
@@ -140,17 +140,7 @@ def apply_pool_first(index: GraphIndex, sites: list[PoolSite]) -> PoolFirstPlan:
         plan.bytes += s.bytes
     if not replaced:
         return plan
-    olds = [i for s in sites for i in (s.relu_grad, s.pool_grad)]
-    readers = {c for i in olds for c in index.data_consumers(i)}
-    readers |= {c for i in olds for c in index.control_consumers[i]}
-    readers -= set(olds)
-    for c in sorted(readers):
-        node = g.node[c]
-        for slot, text in enumerate(node.input):
-            src, k, control = parse_input(text)
-            if src in replaced:
-                node.input[slot] = "^" + replaced[src] if control else \
-                    input_string(replaced[src], k)
+    redirect_readers(index, (i for s in sites for i in (s.relu_grad, s.pool_grad)), replaced)
     return plan
 
 
