@@ -612,7 +612,8 @@ MEMORY_CAP_MAX_COST = 1.25
 # (estimated 570 MiB) 0.26 | 0.26x of the original's peak at 1.26 | 1.43x its step time,
 # the one recomputing 61% (600 MiB) 0.29 | 0.27x at 1.24 | 1.31x. Keras' ResNet50V2 at 224
 # px, batch 32, where TF runs Eigen's kernels: the plan recomputing 79% (estimated 736 MiB
-# over the replay with the variables in place) 0.30 | 0.33x at 1.20 | 1.41x, the one
+# over the replay with the variables in place) 0.30 | 0.33x at 1.20 | 1.41x (the round
+# no other job overlapped; benchmarks.md), the one
 # recomputing 43% (825 MiB) 0.37 | 0.38x at 1.07 | 1.20x. The weight is the least that
 # trades both plans measured above 1.35x at two threads for the cheaper ones, and keeps
 # Keras' ResNet50's whole-forward plan (measured 0.35 | 0.35x at 1.18 | 1.24x, its cheaper
