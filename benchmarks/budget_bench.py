@@ -142,12 +142,12 @@ def extra_flops_share(path: str, batch: int, forward_flops: int) -> float:
     """FLOPs of the recompute copies in a rewritten graph over the spine's forward FLOPs."""
     from graphmem.analysis.cost import op_flops
     from graphmem.formats import load_model
+    from graphmem.graph.names import is_copy
     from graphmem.graph.workspace import Workspace
-    from graphmem.passes.recompute import COPY_SCOPE
 
     index = Workspace.open(load_model(path), batch_size=batch).index
     extra = sum(op_flops(index, i, batch) for i in range(len(index))
-                if index.names[i].startswith(COPY_SCOPE + "/"))
+                if is_copy(index.names[i]))
     return extra / max(forward_flops, 1)
 
 

@@ -524,7 +524,7 @@ def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
     monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
 
     def plan(peak, flops, copies):
-        live = [LiveTensor(f"graphmem_recompute/s0/x{peak}:0", copies, None),
+        live = [LiveTensor(f"x{peak}/graphmem_recompute_s0:0", copies, None),
                 LiveTensor(f"y{peak}:0", peak - copies, None)]
         return budget_mod.BudgetCandidate(
             "budget", CheckpointChoice("memory", [(peak, 0)], lead=False), None,

@@ -8,10 +8,11 @@ from graphmem.analysis.memory import estimate_memory
 from graphmem.analysis.regions import analyze_regions
 from graphmem.formats import load_model
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex
+from graphmem.graph.names import is_copy
 from graphmem.graph.opdefs import OpRegistry
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.checkpoints import choose_checkpoints
-from graphmem.passes.recompute import COPY_SCOPE, _release_shape_readers, apply_recompute
+from graphmem.passes.recompute import _release_shape_readers, apply_recompute
 from tests.conftest import fixture_path
 
 
@@ -44,7 +45,7 @@ def test_memory_policy_on_a_chain(residual):
     assert abs(len(choice.tensors) - n_saved ** 0.5) <= 2
     assert plan.copied_ops > 0 and not plan.not_held_back
     # every copy waits for a backward op: it cannot run during the forward pass
-    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
+    copies = [i for i in range(len(new)) if is_copy(new.names[i])]
     assert len(copies) == plan.copied_ops
     backward_names = {ix.names[i] for i in regions.backward}
     for c in copies:
@@ -107,7 +108,7 @@ def test_groups_holding_each_other_back_do_not_form_a_cycle():
     assert plan.copied_ops == 2 and len(plan.segments) == 2  # one group per activation
     assert plan.cycle_breaks >= 1
     new = _index(g.graph_def)  # raises on a cycle
-    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE)]
+    copies = [i for i in range(len(new)) if is_copy(new.names[i])]
     assert len(copies) == 2
     # the copy that kept its triggers still waits for a backward op
     held = [c for c in copies if new.control_inputs[c]]
@@ -145,7 +146,7 @@ def test_copies_are_held_back_one_segment_ahead(residual):
     # held back all the same: each copy has a backward ancestor (a copy running during the
     # forward pass would have none), and the peak is as low as before
     backward_names = {ix.names[i] for i in regions.backward}
-    for c in (i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")):
+    for c in (i for i in range(len(new)) if is_copy(new.names[i])):
         assert any(new.names[a] in backward_names for a in new.ancestors([c])), new.names[c]
     assert after.peak_bytes < 0.7 * before.peak_bytes
 
@@ -175,7 +176,7 @@ def test_without_lead_each_segment_waits_for_its_own_gradient(residual):
             assert low < _layer(name) <= high + 1, (seg.index, name, low, high)
     new = _index(g)  # raises on a cycle
     backward_names = {ix.names[i] for i in regions.backward}
-    for c in (i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")):
+    for c in (i for i in range(len(new)) if is_copy(new.names[i])):
         assert any(new.names[a] in backward_names for a in new.ancestors([c])), new.names[c]
     before = estimate_memory(ix, nodes=regions.step_nodes(ix), allocator=False)
     after = estimate_memory(new, nodes=analyze_regions(new).step_nodes(new), allocator=False)

@@ -8,8 +8,8 @@ import pytest
 
 from graphmem.analysis.regions import analyze_regions
 from graphmem.formats import load_model
+from graphmem.graph.names import is_copy
 from graphmem.graph.workspace import Workspace
-from graphmem.passes.recompute import COPY_SCOPE
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
 from graphmem.runtime.verify import verify
@@ -103,7 +103,7 @@ def test_every_copy_waits_for_the_backward_pass(name, tmp_path):
     backward = {original.index.names[i]
                 for i in analyze_regions(original.index).backward}
     new = Workspace.open(load_model(out)).index
-    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
+    copies = [i for i in range(len(new)) if is_copy(new.names[i])]
     assert len(copies) == result.plan.copied_ops > 0
     for c in copies:
         assert any(new.names[a] in backward for a in new.ancestors([c])), new.names[c]
@@ -112,7 +112,7 @@ def test_every_copy_waits_for_the_backward_pass(name, tmp_path):
 def test_dropout_masks_are_not_recomputed(tmp_path):
     src, out, result = _rewrite("transformer", tmp_path, "memory")
     new = Workspace.open(load_model(out)).index
-    copies = [i for i in range(len(new)) if new.names[i].startswith(COPY_SCOPE + "/")]
+    copies = [i for i in range(len(new)) if is_copy(new.names[i])]
     assert copies
     assert not [new.names[i] for i in copies if new.stateful[i]]
     assert not [new.names[i] for i in copies if "Random" in new.ops[i]]
@@ -195,7 +195,7 @@ def test_copies_keep_their_originals_device(tmp_path):
     assert result.plan.copied_ops > 0
     new = load_model(out).graph_def
     devices = {n.name: n.device for n in new.node}
-    copies = [n for n in new.node if n.name.startswith(COPY_SCOPE + "/")]
+    copies = [n for n in new.node if is_copy(n.name)]
     assert copies and all(c.device == devices[original_name(c.name)] for c in copies)
     originals = {n.name: n.device for n in placed.graph_def.node}
     assert all(devices[k] == v for k, v in originals.items())
@@ -241,8 +241,8 @@ def test_late_copies_train_identically(name, tmp_path, monkeypatch):
     src, out, _ = _rewrite(name, tmp_path, "speed" if name == "resnet" else "names",
                                 [PATTERN[name]] if name == "mlp" else [])
     index = Workspace.open(load_model(out)).index
-    copies = [i for i, n in enumerate(index.names) if n.startswith(COPY_SCOPE + "/") and
-              "_late" in n.split("/")[1]]
+    copies = [i for i, n in enumerate(index.names) if is_copy(n) and
+              "_late" in n.rsplit("/", 1)[1]]
     assert copies
     from graphmem.graph.names import original_name
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graphmem.formats import load_model
-from graphmem.graph.names import COPY_SCOPE
+from graphmem.graph.names import is_copy
 from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
@@ -31,7 +31,7 @@ def bn_net(tmp_path_factory) -> Path:
 def _copied_ops(path: Path) -> list[str]:
     ix = Workspace.open(load_model(str(path))).index
     return [ix.ops[i] for i, name in enumerate(ix.names)
-            if name.startswith(COPY_SCOPE + "/")]
+            if is_copy(name)]
 
 
 def test_statistics_are_kept_and_training_is_the_same(bn_net, tmp_path):

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from graphmem.analysis.arithmetic_groups import inner_roots, regrouped_trees
 from graphmem.formats import load_model
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.swap import KEEP_ATTR, SWAP_SCOPE, SwapOptions
@@ -20,10 +21,14 @@ def _swap(name, tmp_path, policy="none", **kw):
     return src, out, rewrite_file(src, out, options)
 
 
-def _check_pairs(out, result, ahead=(1, 10)):
+def _check_pairs(out, result, ahead=(1, 10), src=None):
     ix = Workspace.open(load_model(out)).index
     plan = result.swap
     assert plan.pairs
+    # a trigger inside a product Grappler rebuilds has its edge moved to the product's
+    # root by the regroup guard (an edge on an inner op would change its rounding)
+    roots = {} if src is None else \
+        inner_roots(regrouped_trees(Workspace.open(load_model(src)).index))
     for p in plan.pairs:
         o, i = ix.id_of[p.swap_out], ix.id_of[p.swap_in]
         out_node, in_node = ix.node(o), ix.node(i)
@@ -35,7 +40,9 @@ def _check_pairs(out, result, ahead=(1, 10)):
         assert out_node.attr[KEEP_ATTR].b and in_node.attr[KEEP_ATTR].b
         # exactly the intended control dependency: its trigger, an ancestor of its readers
         controls = [x[1:] for x in in_node.input if x.startswith("^")]
-        assert controls == [p.trigger]
+        inner = ix.id_of[p.trigger]
+        assert controls == [p.trigger] or inner in roots and \
+            controls == [ix.names[roots[inner]]], (controls, p.trigger)
         # the chain rule keeps within the bounds; direct order comes as close as it can
         if p.how == "chain rule":
             assert ahead[0] <= p.distance <= ahead[1]
@@ -52,7 +59,7 @@ def _check_pairs(out, result, ahead=(1, 10)):
 @pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])
 def test_swap_trains_identically(name, tmp_path):
     src, out, result = _swap(name, tmp_path)
-    _check_pairs(out, result)
+    _check_pairs(out, result, src=src)
     r = verify(str(src), str(out), RunSpec(batch_size=16, grappler=False), 3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0
     # on the device being saved, the estimate drops; the swapped bytes wait on the host

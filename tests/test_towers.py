@@ -14,6 +14,7 @@ from benchmarks.towers_bench import tf1_towers_graph
 from graphmem.analysis.towers import collectives
 from graphmem.formats import load_model
 from graphmem.graph.devices import normalize_device
+from graphmem.graph.names import is_copy, original_name
 from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec, cpu_device_count
@@ -66,10 +67,10 @@ def test_copies_and_triggers_stay_in_their_tower(towers_graph, tmp_path):
     for s in segments:
         for t in s.triggers:
             assert normalize_device(index.devices[index.id_of[t]]) == s.tower, (s, t)
-    copies = [i for i, n in enumerate(index.names) if n.startswith("graphmem_recompute/")]
+    copies = [i for i, n in enumerate(index.names) if is_copy(n)]
     assert copies
     for i in copies:
-        original = index.id_of[index.names[i].split("/", 2)[2]]
+        original = index.id_of[original_name(index.names[i])]
         assert index.devices[i] == index.devices[original]
 
 

@@ -60,7 +60,7 @@ def test_an_ordering_through_other_ops_is_found():
 
 def test_a_copied_collective_is_refused():
     before = _two_towers().index()
-    g = _two_towers(extra=[("graphmem_recompute/s1/a0", "CollectiveReduceV2", "x0")])
+    g = _two_towers(extra=[("a0/graphmem_recompute_s1", "CollectiveReduceV2", "x0")])
     with pytest.raises(InputError, match="copies the collective op"):
         check_collective_order(before, g.index())
 

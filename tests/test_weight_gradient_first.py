@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from graphmem.formats import load_model
-from graphmem.graph.names import COPY_SCOPE
+from graphmem.graph.names import is_copy, original_name
 from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
@@ -63,8 +63,7 @@ def test_weight_gradient_reads_its_own_copy_and_runs_first(wide_first, tmp_path,
     assert weights in ix.control_inputs[inputs]  # the weight gradient first
     late = {}  # copy of the first layer's output -> its readers
     for i, name in enumerate(ix.names):
-        parts = name.split("/", 2)
-        if parts[0] == COPY_SCOPE and "_late" in parts[1] and parts[2] == FIRST:
+        if is_copy(name) and original_name(name) == FIRST and "_late" in name.rsplit("/", 1)[1]:
             late[i] = set(ix.data_consumers(i))
     assert len(late) == 2, [ix.names[i] for i in late]
     mine = [c for c, readers in late.items() if weights in readers]

@@ -58,6 +58,29 @@ def save_batch_norm_step(path: Path, size: int = 4, channels: int = 1024) -> Pat
     return _save_image_step(path, size, layers)
 
 
+def save_hard_swish_step(path: Path, side: int = 32, batch: int = 4) -> Path:
+    """Four Keras convolutions, each with a batch norm and Keras' hard swish,
+    `x * (relu6(x + 3) / 6)` (MobileNetV3's activation), global pooling and a dense head;
+    Keras' SGD with momentum; traced for batches of `batch` (Grappler's arithmetic
+    optimizer rebuilds a product only where its shape is known, as Keras applications
+    saved for a batch size have it). The division is read by the product and by the
+    product's gradient: once that gradient reads a recompute copy, Grappler would fold the
+    forward division into the product and round it differently. The batch norms' names
+    sort before the activations' (as Keras MobileNetV3's do): Grappler's common subgraph
+    elimination orders a product's inputs by name, and the rebuilt product then differs
+    from the product as written."""
+
+    def layers(keras):
+        out = []
+        for k, width in enumerate((8, 16, 16, 16)):
+            out += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False),
+                    keras.layers.BatchNormalization(name=f"bn{k}"),
+                    keras.layers.Activation("hard_swish", name=f"swish{k}")]
+        return [*out, keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+
+    return _save_image_step(path, side, layers, batch)
+
+
 def save_vgg_head_step(path: Path, side: int = 64, units: int = 512) -> Path:
     """A small VGG as a Keras train step: two blocks of two 3x3 convolutions (32 and 64
     channels) with max pooling, then a dense layer of `units` over the flattened feature
@@ -98,10 +121,10 @@ def save_residual_step(path: Path, side: int = 32, blocks: int = 4, width: int =
     return _save_image_step(path, side, model)
 
 
-def _save_image_step(path: Path, side: int, layers) -> Path:
+def _save_image_step(path: Path, side: int, layers, batch: int | None = None) -> Path:
     """A Keras model over side x side x 3 images (`layers(keras)`: a list of layers made a
     Sequential, or a model), a softmax cross entropy over its logits, Keras' SGD with
-    momentum; traced once and saved at `path`."""
+    momentum; traced once (for batches of `batch`, any when None) and saved at `path`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
     import tensorflow as tf
@@ -115,8 +138,8 @@ def _save_image_step(path: Path, side: int, layers) -> Path:
                 keras.Sequential([keras.Input((side, side, 3)), *built])
             self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, side, side, 3]),
-                                      tf.TensorSpec([None], tf.int32)])
+        @tf.function(input_signature=[tf.TensorSpec([batch, side, side, 3]),
+                                      tf.TensorSpec([batch], tf.int32)])
         def train_step(self, x, y):
             with tf.GradientTape() as tape:
                 logits = self.model(x, training=True)
@@ -127,6 +150,6 @@ def _save_image_step(path: Path, side: int, layers) -> Path:
             return loss
 
     trainer = Trainer()
-    trainer.train_step(tf.zeros([2, side, side, 3]), tf.zeros([2], tf.int32))
+    trainer.train_step(tf.zeros([batch or 2, side, side, 3]), tf.zeros([batch or 2], tf.int32))
     tf.saved_model.save(trainer, str(path))
     return path

@@ -24,14 +24,18 @@ Cost: one pass over the nodes, and a walk up each tree from its root.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
+from graphmem.analysis.pruning import unread_ops
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
 MUL = "mul"
 ADD = "add"
 _FAMILY = {"Mul": MUL, "Add": ADD, "AddV2": ADD, "AddN": ADD}
+# a float division by a constant: a product once Grappler folds constants (family)
+DIVISIONS = frozenset({"RealDiv", "Div"})
 # ops Grappler's pruner removes before the arithmetic optimizer runs (their readers then
 # read their input), when they have no control edges
 FORWARDERS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
@@ -66,15 +70,31 @@ def inner_roots(trees: list[RegroupedTree]) -> dict[int, int]:
 
 
 def family(index: GraphIndex, i: int) -> str | None:
-    """MUL or ADD for a float multiply or sum op, else None (integer ops are exact)."""
+    """MUL or ADD for a float multiply or sum op, else None (integer ops are exact). A
+    float division by a constant is a product: Grappler's constant folding makes it one
+    (by the constant's reciprocal) before its arithmetic optimizer runs."""
     f = _FAMILY.get(index.ops[i])
     if f is None:
-        return None
+        if index.ops[i] not in DIVISIONS or len(index.data_inputs[i]) != 2 or \
+                index.ops[index.data_inputs[i][1][0]] != "Const":
+            return None
+        f = MUL
     dtype = index.dtype((i, 0))
     return f if dtype is None or dtypes.base(dtype) in dtypes.FLOATS else None
 
 
-def live_reads(index: GraphIndex, t: Tensor) -> list[tuple[int, int]]:
+def dead_ops(index: GraphIndex) -> set[int]:
+    """Ops whose results nothing that runs reads (analysis/pruning.py): TF prunes them
+    before Grappler's arithmetic optimizer counts an op's readers (the gradient of
+    `x / 6` with respect to the 6 reads `x`'s gradient, and nothing reads it)."""
+    if not any(n == 0 or op == "_Retval" for n, op in zip(index.num_outputs, index.ops,
+                                                          strict=True)):
+        return set()  # no train op, update or function result: nothing is known to run
+    return unread_ops(index, set(range(len(index))), ())
+
+
+def live_reads(index: GraphIndex, t: Tensor, dead: Set[int] = frozenset()
+               ) -> list[tuple[int, int]]:
     """(reader, input position) of each read of tensor t, less those of a forwarder whose
     output nothing reads (Grappler prunes them; an IdentityN hands input k to output k)
     and those of shape-only ops: the `Shape` a sum's gradient reads for its
@@ -85,7 +105,7 @@ def live_reads(index: GraphIndex, t: Tensor) -> list[tuple[int, int]]:
     only costs an ordering edge."""
     reads = []
     for r in dict.fromkeys(index.consumers.get(t, [])):
-        if index.ops[r] in SHAPE_ONLY_OPS:
+        if index.ops[r] in SHAPE_ONLY_OPS or r in dead:
             continue
         for p, s in enumerate(index.data_inputs[r]):
             if s == t and not _dead_output(index, r, p):
@@ -99,24 +119,64 @@ def _dead_output(index: GraphIndex, r: int, p: int) -> bool:
     return not index.consumers.get((r, p if index.ops[r] == "IdentityN" else 0))
 
 
-def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True
+def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True,
+                              dead: Set[int] = frozenset()
                               ) -> tuple[int, int, list[int]] | None:
     """(reader, input position, forwarders on the way) when tensor t is read once (by a
     live read), looking through forwarders (without control edges, when `free`) that
     hand it on to one read; else None."""
     passed: list[int] = []
     for _ in range(MAX_FORWARDERS):
-        reads = live_reads(index, t)
+        reads = live_reads(index, t, dead)
         if len(reads) != 1:
             return None
         r, position = reads[0]
-        if index.ops[r] not in FORWARDERS:
+        if index.ops[r] not in FORWARDERS and not _plumbing(index, r, position) or \
+                _kept(index, r):
             return r, position, passed
         if free and not _free(index, r):
             return None
         passed.append(r)
         t = (r, position if index.ops[r] == "IdentityN" else 0)
     return None
+
+
+def _plumbing(index: GraphIndex, r: int, position: int) -> bool:
+    """Whether op r, reading its first input, is a broadcasting op's gradient plumbing that
+    Grappler removes when both operands have one shape (broadcast_grads.py): the `Sum`
+    over `BroadcastGradientArgs(Shape(x), Shape(y))` axes reduces nothing, and the
+    `Reshape` to `Shape(x)` reshapes a value of that shape. What it reads then joins its
+    reader's tree: Keras' hard swish's gradient `Mul(x, grad)`, summed, reshaped and
+    divided by 6, is one product to Grappler (unknown sizes compare as written)."""
+    if position != 0 or len(index.data_inputs[r]) != 2:
+        return False
+    value, other = index.data_inputs[r]
+    if index.ops[r] == "Sum":
+        if index.ops[other[0]] != "BroadcastGradientArgs" or \
+                len(index.data_inputs[other[0]]) != 2:
+            return False
+        a, b = (_shape_read(index, s) for s in index.data_inputs[other[0]])
+        return a is not None and a == b
+    if index.ops[r] == "Reshape":
+        target = _shape_read(index, other)
+        if index.ops[value[0]] == "Sum" and _plumbing(index, value[0], 0):
+            value = index.data_inputs[value[0]][0]  # its own shape is unknown statically
+        return target is not None and target == index.shape(value)
+    return False
+
+
+def _shape_read(index: GraphIndex, t: Tensor) -> list[int] | None:
+    """The static shape of what a `Shape` op reads (t its output), else None."""
+    if index.ops[t[0]] != "Shape" or not index.data_inputs[t[0]]:
+        return None
+    return index.shape(index.data_inputs[t[0]][0])
+
+
+def _kept(index: GraphIndex, i: int) -> bool:
+    """Whether op i is marked for Grappler to keep (the swap pass's copies): its pruner
+    leaves it, and the ops on either side are in no tree together."""
+    attr = index.node(i).attr
+    return "_grappler_do_not_remove" in attr and attr["_grappler_do_not_remove"].b
 
 
 def _free(index: GraphIndex, i: int) -> bool:
@@ -128,11 +188,12 @@ def regrouped_trees(index: GraphIndex) -> list[RegroupedTree]:
     that rounds differently (see the module docstring)."""
     # member -> (its reader, position it is read at, forwarders between)
     folded: dict[int, tuple[int, int, list[int]]] = {}
+    dead = dead_ops(index)
     for i in range(len(index)):
         f = family(index, i)
         if f is None or not _free(index, i):
             continue
-        found = reader_through_forwarders(index, (i, 0))
+        found = reader_through_forwarders(index, (i, 0), dead=dead)
         if found is None:
             continue
         reader, _, _ = found

@@ -10,7 +10,7 @@ from __future__ import annotations
 from math import prod
 
 from graphmem.graph.index import FUNCTION_CALLS, GraphIndex, num_elements
-from graphmem.graph.names import COPY_SCOPE
+from graphmem.graph.names import is_copy
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
            "BatchMatMul": ("adj_x", True), "BatchMatMulV2": ("adj_x", True),
@@ -56,7 +56,7 @@ def forward_flops(index: GraphIndex, regions, batch_size: int | None) -> int | N
 def copied_flops(index: GraphIndex, batch_size: int | None) -> int:
     """Extra forward FLOPs of a rewritten graph: those of its recompute copies."""
     return sum(op_flops(index, i, batch_size) for i in range(len(index))
-               if index.names[i].startswith(COPY_SCOPE + "/"))
+               if is_copy(index.names[i]))
 
 
 _CONV_GRADIENTS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-# the scope of the recompute pass's copies: a copy of `a/b` is `graphmem_recompute/<k>/a/b`
-# (named here so the workspace maps copies to their originals without importing a pass)
+import re
+
+# the recompute pass's copies: a copy of `a/b` is `a/b/graphmem_recompute_<segment>`
+# (named here so the workspace maps copies to their originals without importing a pass).
+# Named after the original op, a copy sorts beside it: Grappler's common subgraph
+# elimination orders a commutative op's inputs by name, and MinimizeBroadcasts then keeps
+# that order among operands of one shape, so a copy named under a scope of its own made TF
+# multiply a gradient's operands in another order than the original's (rounding differs)
 COPY_SCOPE = "graphmem_recompute"
+_COPY_SUFFIX = re.compile(r"/" + COPY_SCOPE + r"_[A-Za-z0-9_]+$")
 # every op a pass adds has a name component starting with this (graphmem_recompute/,
 # graphmem_swap/, .../graphmem_in_place/, ...)
 OWN_PREFIX = "graphmem_"
@@ -58,8 +65,18 @@ def made_by_graphmem(name: str) -> bool:
     return name.startswith(OWN_PREFIX) or "/" + OWN_PREFIX in name
 
 
+def copy_name(original: str, segment: str) -> str:
+    """The name of the copy of op `original` that recomputes it for `segment` (`s3`,
+    `s3_late1`, a tower's `tcpu0s3`)."""
+    return f"{original}/{COPY_SCOPE}_{segment}"
+
+
+def is_copy(name: str) -> bool:
+    """Whether op `name` is a recompute copy."""
+    return _COPY_SUFFIX.search(name) is not None
+
+
 def original_name(name: str) -> str:
     """The op a recompute copy was made from (the name itself for any other op)."""
-    if name.startswith(COPY_SCOPE + "/"):
-        return name.split("/", 2)[2]
-    return name
+    m = _COPY_SUFFIX.search(name)
+    return name[:m.start()] if m else name

@@ -38,6 +38,8 @@ class Edits(enum.Enum):
     # (`add_control_edges`, `remove_control_edges`): node ids stay, and the regions stay
     # what the estimate reads
     CONTROL_EDGES = "control edges"
+    # sets attributes of nodes in place: ids, edges and regions stay
+    ATTRS = "attrs"
 
 
 def add_edge_groups(index: GraphIndex, edges: dict) -> list[tuple[int, int]]:

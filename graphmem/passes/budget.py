@@ -29,7 +29,7 @@ from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
 from graphmem.errors import UsageError
 from graphmem.graph.index import GraphIndex, Tensor, nbytes
-from graphmem.graph.names import COPY_SCOPE
+from graphmem.graph.names import is_copy
 from graphmem.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -889,7 +889,7 @@ def _without_copies_at_peak(run: BudgetCandidate) -> int:
     """The plan's estimated peak less the recomputed copies among the largest buffers live
     there: the most its late copies could lower it to."""
     return run.after.peak_bytes - sum(t.bytes for t in run.after.live_at_peak
-                                      if t.name.startswith(COPY_SCOPE + "/"))
+                                      if is_copy(t.name.rsplit(":", 1)[0]))
 
 
 def _try(runner: PlanRunner, policy: str, choice: CheckpointChoice,

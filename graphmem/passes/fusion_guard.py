@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from graphmem.analysis.kernel_fusions import fused_pairs
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph.index import GraphIndex
-from graphmem.graph.names import COPY_SCOPE
+from graphmem.graph.names import is_copy
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, remove_edges
 
 
@@ -121,7 +121,7 @@ def _ordering_only(index: GraphIndex, u: int, v: int, original: GraphIndex,
     into writes, are not."""
     size = len(original)
     if v >= size:  # a copy: its triggers are backward ops of the original graph
-        return index.names[v].startswith(COPY_SCOPE + "/") and u < size \
+        return is_copy(index.names[v]) and u < size \
             and u in regions.backward
     if u >= size or is_state_write(index.ops[v]) or u in original.control_inputs[v]:
         return False

@@ -28,6 +28,7 @@ from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
 from graphmem.passes.loop_sums import LoopSumsPass
 from graphmem.passes.pool_first import PoolFirstPass
+from graphmem.passes.reader_tags import ReaderTagsPass
 from graphmem.passes.recompute import RecomputePass
 from graphmem.passes.regroup_guard import RegroupGuardPass
 from graphmem.passes.split_identityn import SplitIdentityNPass
@@ -41,7 +42,8 @@ from graphmem.passes.swap import SwapPass
 # last readers, late weight-decay terms, early updates, and late weight gradients, which
 # undo early updates where a gradient is far larger than its inputs) come next, as they
 # order what the others made; the regroup guard keeps their edges off the sums and products Grappler
-# regroups (which would round differently); the fusion guard checks the result as TF will
+# regroups (which would round differently), and reader tags mark the products and sums
+# they left with one reader so that Grappler does not regroup them either; the fusion guard checks the result as TF will
 # run it, with ops it merges as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
@@ -57,6 +59,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     EarlyUpdatesPass(),
     LateGradientsPass(),
     RegroupGuardPass(),
+    ReaderTagsPass(),
     FusionGuardPass(),
 )
 
@@ -79,7 +82,7 @@ def run_pipeline(context: PassContext,
         if not p.enabled(context.options) or not p.applies(context):
             continue
         start = time.perf_counter()
-        if p.edits is Edits.CONTROL_EDGES:
+        if p.edits in (Edits.CONTROL_EDGES, Edits.ATTRS):
             context.own_index()
         try:
             plan = p.run(context)

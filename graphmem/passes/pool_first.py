@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from graphmem.analysis.regions import Regions
 from graphmem.graph.builders import redirect_readers, unique_name
 from graphmem.graph.index import GraphIndex, Tensor
-from graphmem.graph.names import COPY_SCOPE, input_string
+from graphmem.graph.names import input_string, original_name
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SCOPE = "graphmem_pool_first"
@@ -62,11 +62,7 @@ class PoolSite:
 
 def _origin(index: GraphIndex, t: Tensor) -> tuple[str, int]:
     """The tensor a recompute copy stands for (itself when it is none)."""
-    name = index.names[t[0]]
-    prefix = COPY_SCOPE + "/"
-    if name.startswith(prefix):  # graphmem_recompute/s<k>/<original name>
-        name = name[len(prefix):].split("/", 1)[-1]
-    return name, t[1]
+    return original_name(index.names[t[0]]), t[1]
 
 
 def _window(index: GraphIndex, i: int) -> list[bytes | None]:

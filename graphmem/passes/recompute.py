@@ -32,7 +32,8 @@ from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
-from graphmem.graph.names import COPY_SCOPE, input_string, parse_input
+from graphmem.graph.names import copy_name as copy_of
+from graphmem.graph.names import input_string, parse_input
 from graphmem.graph.names import original_name as original_name  # named here too
 from graphmem.graph.reachability import Reachability
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
@@ -138,11 +139,11 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     for tower, seg in sorted(by_segment):
         cut_positions = cuts_of.get(tower, [])
         reach = cut_positions[seg - 1 - REACH_SEGMENTS] if seg > REACH_SEGMENTS else -1
-        scope = f"{COPY_SCOPE}/s{seg}" if not tower else \
-            f"{COPY_SCOPE}/t{tower.rsplit(':', 2)[-2].lower()}{tower.rsplit(':', 1)[-1]}s{seg}"
+        scope = f"s{seg}" if not tower else \
+            f"t{tower.rsplit(':', 2)[-2].lower()}{tower.rsplit(':', 1)[-1]}s{seg}"
         for group_targets, needed in _independent_groups(index, by_segment[(tower, seg)], keep,
                                                          recomputable, reach, inner):
-            copy_name = {i: f"{scope}/{index.names[i]}" for i in needed}
+            copy_name = {i: copy_of(index.names[i], scope) for i in needed}
             late = _late_targets(index, group_targets, needed, batch_size) \
                 if late_copies else {}
             now = [s for s in group_targets if s.tensor[0] not in late]
@@ -164,7 +165,8 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                 for only in ([first, _readers(index, late_targets) - first] if first
                              else [None]):
                     n_late += 1
-                    late_name = {i: f"{scope}_late{n_late}/{index.names[i]}" for i in chain}
+                    late_name = {i: copy_of(index.names[i], f"{scope}_late{n_late}")
+                                 for i in chain}
                     readers = _rewire(index, late_targets, late_name, rewires, only)
                     groups.append(_Group(
                         seg, late_targets, chain, late_name, readers,

@@ -23,12 +23,14 @@ never carries (the tree was free of them in the original) are all the rewrite's.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
 from graphmem.analysis.arithmetic_groups import (
     ADD,
     MUL,
     RegroupedTree,
+    dead_ops,
     reader_through_forwarders,
     regrouped_trees,
 )
@@ -65,12 +67,13 @@ def apply_regroup_guard(index: GraphIndex, original: GraphIndex) -> RegroupGuard
     moves: dict[tuple[int, int], list[tuple[int, int]]] = {}
     into_writes: dict[tuple[int, int], int] = {}  # edge from a tree's op into a write -> tree
     changed: set[int] = set()
+    dead = dead_ops(index)
     for k, tree in enumerate(trees):
-        guarded = _tree_ops(index, tree)
+        guarded = _tree_ops(index, tree, dead)
         if guarded is None:  # a pass gave an op of the tree another reader
             changed.add(k)
             continue
-        target = tree.root if tree.family == MUL else _single_reader(index, tree.root)
+        target = tree.root if tree.family == MUL else _single_reader(index, tree.root, dead)
         if target is not None and target in guarded:
             target = None
         for x in guarded:
@@ -96,7 +99,7 @@ def apply_regroup_guard(index: GraphIndex, original: GraphIndex) -> RegroupGuard
     return plan
 
 
-def _tree_ops(index: GraphIndex, tree: RegroupedTree) -> set[int] | None:
+def _tree_ops(index: GraphIndex, tree: RegroupedTree, dead: Set[int]) -> set[int] | None:
     """The ops of the tree in the rewritten graph that must stay free of control edges:
     its inner ops, the forwarders between them (a pass may have added some, as the split
     of an optimizer's IdentityN does), and a sum's root. None when an inner op no longer
@@ -105,16 +108,16 @@ def _tree_ops(index: GraphIndex, tree: RegroupedTree) -> set[int] | None:
     if tree.family == ADD:
         ops.add(tree.root)
     for m in tree.members:
-        found = reader_through_forwarders(index, (m, 0), free=False)
-        if found is None:
+        found = reader_through_forwarders(index, (m, 0), free=False, dead=dead)
+        if found is None or found[0] not in tree.members and found[0] != tree.root:
             return None
         ops.update(found[2])
     return ops
 
 
-def _single_reader(index: GraphIndex, i: int) -> int | None:
+def _single_reader(index: GraphIndex, i: int, dead: Set[int]) -> int | None:
     """The one op that reads op i's result, through forwarders; None when not one."""
-    found = reader_through_forwarders(index, (i, 0), free=False)
+    found = reader_through_forwarders(index, (i, 0), free=False, dead=dead)
     return None if found is None else found[0]
 
 

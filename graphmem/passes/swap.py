@@ -20,9 +20,9 @@ from graphmem.errors import InputError, UsageError
 from graphmem.graph.builders import identity_node
 from graphmem.graph.devices import normalize_device
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor, nbytes
-from graphmem.graph.names import input_string, parse_input
+from graphmem.graph.names import input_string, is_copy, parse_input
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, skip
-from graphmem.passes.recompute import COPY_SCOPE, NO_DATA_READERS
+from graphmem.passes.recompute import NO_DATA_READERS
 
 SWAP_SCOPE = "graphmem_swap"
 DEFAULT_HOST = "/device:CPU:0"
@@ -148,7 +148,7 @@ def _swap_tensors(index: GraphIndex, regions: Regions, tensors: list[Tensor],
     new_nodes = []
     rewires: dict[int, dict[int, str]] = {}
     late = regions.backward | {i for i in range(len(index))
-                               if index.names[i].startswith(COPY_SCOPE + "/")}
+                               if is_copy(index.names[i])}
     for t in tensors:
         if options.max_tensors is not None and plan.swapped_tensors >= options.max_tensors:
             break
