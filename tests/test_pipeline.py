@@ -48,7 +48,8 @@ def test_memory_policy_runs_recompute_and_the_schedule_passes():
     result = run_pipeline(context)
     assert list(result.plans) == ["recompute", "loop bodies", "in-place terms",
                                   "split IdentityN", "loop sums", "last readers", "late terms",
-                                  "early updates", "regroup guard", "reader tags",
+                                  "early updates", "removed ops guard", "regroup guard",
+                                  "reader tags",
                                   "fusion guard"]
     assert all(isinstance(plan, PassPlan) for plan in result.plans.values())
     assert result.plans["recompute"].changed and result.plans["recompute"].copied_ops > 0

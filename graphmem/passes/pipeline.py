@@ -31,6 +31,7 @@ from graphmem.passes.pool_first import PoolFirstPass
 from graphmem.passes.reader_tags import ReaderTagsPass
 from graphmem.passes.recompute import RecomputePass
 from graphmem.passes.regroup_guard import RegroupGuardPass
+from graphmem.passes.removed_ops_guard import RemovedOpsGuardPass
 from graphmem.passes.split_identityn import SplitIdentityNPass
 from graphmem.passes.swap import SwapPass
 
@@ -41,7 +42,8 @@ from graphmem.passes.swap import SwapPass
 # pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
 # last readers, late weight-decay terms, early updates, and late weight gradients, which
 # undo early updates where a gradient is far larger than its inputs) come next, as they
-# order what the others made; the regroup guard keeps their edges off the sums and products Grappler
+# order what the others made; their edges are moved off the ops Grappler removes (which
+# would keep them, and change what Grappler makes of the ops around); the regroup guard keeps their edges off the sums and products Grappler
 # regroups (which would round differently), and reader tags mark the products and sums
 # they left with one reader so that Grappler does not regroup them either; the fusion guard checks the result as TF will
 # run it, with ops it merges as one
@@ -58,6 +60,7 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     LateTermsPass(),
     EarlyUpdatesPass(),
     LateGradientsPass(),
+    RemovedOpsGuardPass(),
     RegroupGuardPass(),
     ReaderTagsPass(),
     FusionGuardPass(),
