@@ -153,3 +153,22 @@ def _save_image_step(path: Path, side: int, layers, batch: int | None = None) ->
     trainer.train_step(tf.zeros([batch or 2, side, side, 3]), tf.zeros([batch or 2], tf.int32))
     tf.saved_model.save(trainer, str(path))
     return path
+
+
+def save_pointwise_gelu_step(path: Path, side: int = 16) -> Path:
+    """ConvNeXt's block in small: a depthwise convolution, a layer norm, Keras' `Dense` on
+    the 4-D result (a `Tensordot`, which reshapes to a computed shape) with exact GELU, and
+    a second `Dense`; the batch left unknown, as Keras applications save it. A copy of the
+    `Tensordot` reshape gets other dimensions from TF's shape inference than the original
+    unless it reads the original's shape, and Grappler then regroups the GELU gradient's
+    products in the original and not in the rewrite."""
+
+    def layers(keras):
+        out = [keras.layers.Conv2D(16, 3, padding="same")]
+        for _ in range(3):
+            out += [keras.layers.DepthwiseConv2D(3, padding="same"),
+                    keras.layers.LayerNormalization(epsilon=1e-6),
+                    keras.layers.Dense(64, activation="gelu"), keras.layers.Dense(16)]
+        return [*out, keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+
+    return _save_image_step(path, side, layers)

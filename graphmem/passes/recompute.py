@@ -32,8 +32,8 @@ from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
+from graphmem.graph.names import OWN_PREFIX, input_string, parse_input
 from graphmem.graph.names import copy_name as copy_of
-from graphmem.graph.names import input_string, parse_input
 from graphmem.graph.names import original_name as original_name  # named here too
 from graphmem.graph.reachability import Reachability
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
@@ -75,6 +75,7 @@ class RecomputePlan(PassPlan):
     # instead (_past_regrouped_trees)
     checkpoints_to_tree_roots: int = 0
     held_through_identity: int = 0  # copies of a regrouped tree's ops held back by an Identity
+    reshapes_aligned: int = 0  # copies of reshapes to computed shapes given the original's
 
     @property
     def changed(self) -> bool:  # copies made, inputs rewired or shape readers released
@@ -187,6 +188,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         leads.pop(n, None)
         plan.cycle_breaks += 1
     order_edges = [e for e in dict.fromkeys(order_edges) if e not in cut]
+    aligned: dict[int, str] = {}  # reshape -> the Shape of its result its copies read
     for n, group in enumerate(groups):
         seg, needed, copy_name, triggers = group.seg, group.needed, group.copy_name, \
             group.triggers
@@ -196,7 +198,12 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         for i in sorted(needed, key=index.position.__getitem__):
             # appended in place (node ids of the graph stay as the index has them)
             node = g.node.add()
-            if _copy_node(index, i, copy_name, node) or not held:
+            reads_copy = _copy_node(index, i, copy_name, node)
+            if index.ops[i] == "Reshape" and _align_reshape(index, i, node, g, aligned):
+                plan.reshapes_aligned += 1
+                copies = set(copy_name.values())
+                reads_copy = any(parse_input(t)[0] in copies for t in node.input)
+            if reads_copy or not held:
                 continue
             # the group's first ops: the triggers hold them back; an op of a regrouped
             # tree through an Identity, as a control edge on it would keep Grappler from
@@ -707,6 +714,35 @@ def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str], node) -> bo
     del node.input[:]
     node.input.extend(inputs)
     return reads_copy
+
+
+def _align_reshape(index: GraphIndex, i: int, node, g, aligned: dict[int, str]) -> int:
+    """Give the copy `node` of `Reshape` op i the original's result's shape as its shape
+    input, when the original reshapes to a computed shape with dimensions unknown until
+    it runs; returns 1 when it did.
+
+    Why: TF's shape inference gives a reshape to a computed shape dimensions of its own,
+    and Grappler's arithmetic optimizer regroups a product only where it can prove its
+    operands broadcast. The copy's dimensions would differ from the original's, so a
+    gradient product of a value from the copies and one from the original (Keras' `Dense`
+    on a 4-D tensor reshapes through `Tensordot`; ConvNeXt's GELU gradient) is regrouped
+    in the original and not in the rewrite, and rounds differently. Read as the shape of
+    the original's result, the copy's dimensions are the original's. The `Shape` reads
+    the original as soon as it exists, in the forward pass; the value is the same."""
+    shape_input = index.data_inputs[i][1] if len(index.data_inputs[i]) == 2 else None
+    dims = index.shape((i, 0))
+    if shape_input is None or index.ops[shape_input[0]] == "Const" or \
+            (dims is not None and all(d >= 0 for d in dims)):
+        return 0
+    name = aligned.get(i)
+    if name is None:
+        name = aligned[i] = f"{index.names[i]}/{OWN_PREFIX}shape"
+        shape = g.node.add(name=name, op="Shape", device=node.device)
+        shape.input.append(index.names[i])
+        shape.attr["T"].CopyFrom(node.attr["T"])
+        shape.attr["out_type"].type = index.dtype(shape_input) or dtypes.INT32
+    node.input[1] = name
+    return 1
 
 
 def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],

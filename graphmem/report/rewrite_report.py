@@ -35,6 +35,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "kept_statistics": plan.kept_statistics,
         "checkpoints_to_tree_roots": plan.checkpoints_to_tree_roots,
         "held_through_identity": plan.held_through_identity,
+        "reshapes_aligned": plan.reshapes_aligned,
         "update_guards": plan.update_guards,
         "groups_released_to_avoid_cycles": plan.cycle_breaks,
         "shape_readers_released": plan.shape_readers_released,
@@ -45,6 +46,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "in_place_terms": result.passes.get("in-place terms"),
         "pool_first": result.passes.get("pool first"),
         "late_gradients": result.passes.get("late gradients"),
+        "removed_ops_guard": result.passes.get("removed ops guard"),
         "regroup_guard": result.passes.get("regroup guard"),
         "reader_tags": result.passes.get("reader tags"),
         "fusion_guard": result.passes.get("fusion guard"),
@@ -191,6 +193,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                       "their inputs wait for the backward pass's lowest point "
                       f"({format_bytes(sum(m.bytes for m in late.moved))}; largest: "
                       f"{late.moved[0].gradient}, after {late.moved[0].after})")
+    removed = result.passes.get("removed ops guard")
+    if removed is not None and removed.changed:
+        console.print(f"removed-ops guard: {removed.edges_moved} ordering edges moved and "
+                      f"{removed.edges_dropped} left out, off ops TensorFlow removes (an "
+                      "edge would keep one, and change how it regroups the ops around it)")
     regroup = result.passes.get("regroup guard")
     if regroup is not None and (regroup.changed or regroup.trees_changed):
         console.print(f"regroup guard: {regroup.edges_moved} ordering edges moved and "
