@@ -2,7 +2,8 @@
 
 Grappler folds ops whose result equals an input (a broadcasting op's gradient `Sum` over
 axes that turn out empty, the `Reshape` back to the shape the value has, an `Identity`)
-and its dependency optimizer then takes them out, but not an op that carries a control
+and its dependency optimizer then takes them out (a `Shape` it folds into a constant of
+the same name, which keeps its edges: those stay), but not an op that carries a control
 edge (analysis/removable_ops.py). An ordering edge of ours on such an op keeps it, and
 what Grappler makes of the ops around it changes: on Keras ConvNeXtSmall an early
 update's edge to a layer norm's gradient `Reshape` kept it between the gradient's product
@@ -14,8 +15,9 @@ back by such an op; the schedule passes order the backward pass op by op and do 
 Each edge of ours into such an op of the original graph goes to the ops that read it
 (through others of its kind): what waited for the edge's source still waits, as the op's
 readers did through it. Each edge of ours out of such an op leaves from the op whose value
-it passes on instead (through others of its kind): what waited for the op waits for the
-value it would have forwarded. Neither can close a cycle the edge did not: a reader of
+it passes on instead (through others of its kind), and from the ops the op itself waits
+for: what waited for the op waits for all it did. The swap pass's edges stay (its
+triggers are chosen op by op). Neither can close a cycle the edge did not: a reader of
 the op comes after it, the op's input before it. An edge that would join an op to itself
 is dropped; dropping an ordering edge changes no value.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graphmem.analysis.removable_ops import may_be_removed
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
 
 MAX_CHAIN = 16  # removable ops passed on the way to a reader or a source
@@ -51,7 +53,14 @@ def apply_removed_ops_guard(index: GraphIndex, original: GraphIndex) -> RemovedO
         return u >= size or v >= size or u not in original.control_inputs[v]
 
     def removed(i: int) -> bool:
-        return i < size and may_be_removed(original, i)
+        # a shape op is not removed but folded into a constant of its name, which keeps
+        # its control edges: an edge on it orders what it did
+        return i < size and original.ops[i] not in SHAPE_ONLY_OPS and \
+            may_be_removed(original, i)
+
+    def kept(i: int) -> bool:  # the swap pass's ops: their edges are its triggers
+        attr = index.node(i).attr
+        return "_grappler_do_not_remove" in attr and attr["_grappler_do_not_remove"].b
 
     remove: set[tuple[int, int]] = set()
     moves: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -61,13 +70,15 @@ def apply_removed_ops_guard(index: GraphIndex, original: GraphIndex) -> RemovedO
         if not removed(r):
             continue
         for u in index.control_inputs[r]:
-            if ours(u, r):
+            if ours(u, r) and not kept(u):
                 remove.add((u, r))
                 moves[(u, r)] = [(u, c) for c in _readers(index, r, removed) if c != u]
         for v in index.control_consumers[r]:
-            if ours(r, v):
+            if ours(r, v) and not kept(v):
                 remove.add((r, v))
-                moves[(r, v)] = [(s, v) for s in _sources(index, r, removed) if s != v]
+                # what the op waited for, its readers wait for once Grappler removes it
+                sources = [*_sources(index, r, removed), *index.control_inputs[r]]
+                moves[(r, v)] = [(s, v) for s in dict.fromkeys(sources) if s != v]
     if not remove:
         return plan
     remove_edges(index, sorted(remove))
