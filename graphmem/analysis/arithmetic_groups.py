@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Set
 from dataclasses import dataclass
 
-from graphmem.analysis.pruning import unread_ops
+from graphmem.analysis.pruning import kept_by_grappler, unread_ops
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 
@@ -132,7 +132,7 @@ def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True,
             return None
         r, position = reads[0]
         if index.ops[r] not in FORWARDERS and not _plumbing(index, r, position) or \
-                _kept(index, r):
+                kept_by_grappler(index, r):  # a swap copy: the ops either side are apart
             return r, position, passed
         if free and not _free(index, r):
             return None
@@ -170,13 +170,6 @@ def _shape_read(index: GraphIndex, t: Tensor) -> list[int] | None:
     if index.ops[t[0]] != "Shape" or not index.data_inputs[t[0]]:
         return None
     return index.shape(index.data_inputs[t[0]][0])
-
-
-def _kept(index: GraphIndex, i: int) -> bool:
-    """Whether op i is marked for Grappler to keep (the swap pass's copies): its pruner
-    leaves it, and the ops on either side are in no tree together."""
-    attr = index.node(i).attr
-    return "_grappler_do_not_remove" in attr and attr["_grappler_do_not_remove"].b
 
 
 def _free(index: GraphIndex, i: int) -> bool:

@@ -17,6 +17,10 @@ from collections.abc import Iterable
 from graphmem.graph import dtypes
 from graphmem.graph.index import CONTROL_FLOW_V1, CONTROL_FLOW_V2, GraphIndex
 
+# the attribute that makes Grappler keep an op its pruner and dependency optimizer would
+# remove (the swap pass's copies, the recompute pass's holding Identity ops)
+KEEP_ATTR = "_grappler_do_not_remove"
+
 # never turned into NoOps (Grappler's dependency optimizer leaves them, or TF feeds them)
 _KEPT_OPS = frozenset({"NoOp", "Assert", "CheckNumerics", "_Retval", "_Arg", "ControlTrigger",
                        "Placeholder", "PlaceholderWithDefault", "PrintV2", "Print"})
@@ -54,7 +58,7 @@ def unread_ops(index: GraphIndex, nodes: set[int], fetches: Iterable[int]) -> se
                     stack.append(s)
         # nodes marked to be kept (swap copies: `_grappler_do_not_remove`): rare, so only
         # the candidates are looked at
-        kept = [i for i in nodes if i not in needed and _do_not_remove(index, i)]
+        kept = [i for i in nodes if i not in needed and kept_by_grappler(index, i)]
         if not kept:
             break
         needed.update(kept)
@@ -62,9 +66,10 @@ def unread_ops(index: GraphIndex, nodes: set[int], fetches: Iterable[int]) -> se
     return nodes - needed
 
 
-def _do_not_remove(index: GraphIndex, i: int) -> bool:
+def kept_by_grappler(index: GraphIndex, i: int) -> bool:
+    """Whether op i carries KEEP_ATTR: Grappler leaves it where it would remove it."""
     attr = index.node(i).attr
-    return "_grappler_do_not_remove" in attr and attr["_grappler_do_not_remove"].b
+    return KEEP_ATTR in attr and attr[KEEP_ATTR].b
 
 
 def _ref_readers(index: GraphIndex) -> set[int]:

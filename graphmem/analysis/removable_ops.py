@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from graphmem.analysis.arithmetic_groups import FORWARDERS
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
-from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, attr_of
+from graphmem.analysis.pruning import kept_by_grappler
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex
 
 # where the axes of a gradient's reduction come from when they may be empty
 AXES_FROM = frozenset({"BroadcastGradientArgs"})
@@ -30,7 +31,7 @@ def may_be_removed(index: GraphIndex, i: int) -> bool:
     """Whether Grappler may remove op i, its readers then reading its input (not when
     the op is marked `_grappler_do_not_remove`, as swap ops are)."""
     op = index.ops[i]
-    if attr_of(index.node(i), "_grappler_do_not_remove").b:
+    if kept_by_grappler(index, i):
         return False
     inputs = index.data_inputs[i]
     if op in FORWARDERS or op in SHAPE_ONLY_OPS:  # shape ops: folded into constants

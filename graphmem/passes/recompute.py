@@ -27,6 +27,7 @@ from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS, FILTER_GRADIENTS
 from graphmem.analysis.loops import const_ints
+from graphmem.analysis.pruning import KEEP_ATTR
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.analysis.towers import find_towers, tower_of
@@ -195,13 +196,13 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         cut_positions = cuts_of.get(group.tower, [])
         start = cut_positions[seg - 1] if seg > 0 else None
         held = ["^" + index.names[t] for t in sorted(triggers)]
+        copies = set(copy_name.values())
         for i in sorted(needed, key=index.position.__getitem__):
             # appended in place (node ids of the graph stay as the index has them)
             node = g.node.add()
             reads_copy = _copy_node(index, i, copy_name, node)
             if index.ops[i] == "Reshape" and _align_reshape(index, i, node, g, aligned):
                 plan.reshapes_aligned += 1
-                copies = set(copy_name.values())
                 reads_copy = any(parse_input(t)[0] in copies for t in node.input)
             if reads_copy or not held:
                 continue
@@ -607,7 +608,7 @@ def _hold_through_identity(g, node, held: list[str]) -> None:
     hold.input.extend([node.input[0], *held])
     hold.attr["T"].CopyFrom(node.attr["T"])
     # Grappler would bypass it, handing its edges to the copy
-    hold.attr["_grappler_do_not_remove"].b = True
+    hold.attr[KEEP_ATTR].b = True
     node.input[0] = hold.name
 
 
@@ -716,10 +717,10 @@ def _copy_node(index: GraphIndex, i: int, copy_name: dict[int, str], node) -> bo
     return reads_copy
 
 
-def _align_reshape(index: GraphIndex, i: int, node, g, aligned: dict[int, str]) -> int:
+def _align_reshape(index: GraphIndex, i: int, node, g, aligned: dict[int, str]) -> bool:
     """Give the copy `node` of `Reshape` op i the original's result's shape as its shape
     input, when the original reshapes to a computed shape with dimensions unknown until
-    it runs; returns 1 when it did.
+    it runs; returns whether it did.
 
     Why: TF's shape inference gives a reshape to a computed shape dimensions of its own,
     and Grappler's arithmetic optimizer regroups a product only where it can prove its
@@ -733,7 +734,7 @@ def _align_reshape(index: GraphIndex, i: int, node, g, aligned: dict[int, str]) 
     dims = index.shape((i, 0))
     if shape_input is None or index.ops[shape_input[0]] == "Const" or \
             (dims is not None and all(d >= 0 for d in dims)):
-        return 0
+        return False
     name = aligned.get(i)
     if name is None:
         name = aligned[i] = f"{index.names[i]}/{OWN_PREFIX}shape"
@@ -742,7 +743,7 @@ def _align_reshape(index: GraphIndex, i: int, node, g, aligned: dict[int, str]) 
         shape.attr["T"].CopyFrom(node.attr["T"])
         shape.attr["out_type"].type = index.dtype(shape_input) or dtypes.INT32
     node.input[1] = name
-    return 1
+    return True
 
 
 def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphmem.analysis.pruning import kept_by_grappler
 from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, add_edge_groups, remove_edges
@@ -58,10 +59,6 @@ def apply_removed_ops_guard(index: GraphIndex, original: GraphIndex) -> RemovedO
         return i < size and original.ops[i] not in SHAPE_ONLY_OPS and \
             may_be_removed(original, i)
 
-    def kept(i: int) -> bool:  # the swap pass's ops: their edges are its triggers
-        attr = index.node(i).attr
-        return "_grappler_do_not_remove" in attr and attr["_grappler_do_not_remove"].b
-
     remove: set[tuple[int, int]] = set()
     moves: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for r in range(size):
@@ -70,11 +67,11 @@ def apply_removed_ops_guard(index: GraphIndex, original: GraphIndex) -> RemovedO
         if not removed(r):
             continue
         for u in index.control_inputs[r]:
-            if ours(u, r) and not kept(u):
+            if ours(u, r) and not kept_by_grappler(index, u):  # swap triggers stay
                 remove.add((u, r))
                 moves[(u, r)] = [(u, c) for c in _readers(index, r, removed) if c != u]
         for v in index.control_consumers[r]:
-            if ours(r, v) and not kept(v):
+            if ours(r, v) and not kept_by_grappler(index, v):
                 remove.add((r, v))
                 # what the op waited for, its readers wait for once Grappler removes it
                 sources = [*_sources(index, r, removed), *index.control_inputs[r]]
@@ -82,10 +79,9 @@ def apply_removed_ops_guard(index: GraphIndex, original: GraphIndex) -> RemovedO
     if not remove:
         return plan
     remove_edges(index, sorted(remove))
-    have = {(u, v) for u, v in remove}
     for key, edges in list(moves.items()):
         edges = [(u, v) for u, v in dict.fromkeys(edges)
-                 if u not in index.control_inputs[v] and (u, v) not in have]
+                 if u not in index.control_inputs[v] and (u, v) not in remove]
         if edges:
             moves[key] = edges
         else:

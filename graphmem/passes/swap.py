@@ -15,6 +15,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from graphmem.analysis.pruning import KEEP_ATTR  # Grappler keeps the swap ops marked with it
 from graphmem.analysis.regions import Regions
 from graphmem.errors import InputError, UsageError
 from graphmem.graph.builders import identity_node
@@ -26,7 +27,6 @@ from graphmem.passes.recompute import NO_DATA_READERS
 
 SWAP_SCOPE = "graphmem_swap"
 DEFAULT_HOST = "/device:CPU:0"
-KEEP_ATTR = "_grappler_do_not_remove"  # Grappler's dependency optimizer keeps these nodes
 
 # oneDNN (TensorFlow's default CPU kernels on x86) pairs these forward ops with their gradient
 # through a hidden workspace when the gradient reads the forward output directly (TF's
