@@ -29,6 +29,7 @@ from graphmem.passes.pipeline import PipelineResult, run_pipeline
 from graphmem.passes.recompute import RecomputePlan
 
 if TYPE_CHECKING:  # imported where used: most rewrites need none of them (start-up time)
+    from graphmem.analysis.schedule import StepTimes
     from graphmem.passes.budget import BudgetSolution
     from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Plan
     from graphmem.passes.swap import SwapOptions, SwapPlan
@@ -149,7 +150,8 @@ def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
                 base_peak = early_updates_peak(ws, index, regions, facts, options)
                 restore()
             best = search_memory(index, regions, facts, options.batch_size, base_peak,
-                                 _Runner(ws, index, regions, facts, options, restore))
+                                 _Runner(ws, index, regions, facts, options, restore),
+                                 lambda: _step_times(before_job))
             choice, after = best.choice, best.after
             checkpoints, done = best.applied
         elif budget is None:
@@ -251,6 +253,13 @@ class _Runner:
 # Graphs with more nodes than this get the memory policy's heuristic plan alone (one apply
 # and estimate instead of about eight): on them the tool's own time is what a user waits for.
 MEMORY_SEARCH_NODES = 60_000
+
+
+def _step_times(before_job: Background) -> StepTimes | None:
+    """The original's modelled step times, from its estimate (None when its child failed:
+    the memory policy then caps recompute by FLOPs alone)."""
+    before = before_job.result()
+    return before.step_times if before is not None else None
 
 
 def _searches_memory(options: RewriteOptions, nodes: int) -> bool:

@@ -281,10 +281,14 @@ def test_memory_policy_tries_its_plans_without_leads(name, monkeypatch):
     """Each plan is also estimated with every segment waiting for its own gradient (no
     lead): the memory policy's peak is never above the search with leads alone, and the
     plan it writes says which it is; on the ResNet a lead keeps a segment's copies alive
-    through the next segment's gradient ops, and the plan without leads peaks lower."""
+    through the next segment's gradient ops, and the plan without leads peaks lower
+    (the step-time cap off: the fixture's plans without leads are modelled 1.45x the
+    original's step at two threads, which the cap leaves out)."""
     import graphmem.rewrite as rw
     from graphmem.formats import load_model
     from graphmem.graph.workspace import Workspace
+
+    monkeypatch.setattr(budget_mod, "MEMORY_MAX_STEP_TIME", float("inf"))
 
     def written():
         ws = Workspace.open(load_model(fixture_path(name)), batch_size=32)
@@ -324,8 +328,10 @@ def test_memory_policy_recomputes_at_most_its_share_of_the_forward_pass(monkeypa
         return res, rw.copied_flops(ws.index, 32), forward
 
     # the cap alone: recompute under it is not weighed against the peak here (see
-    # test_memory_policy_trades_recompute_above_the_free_level_for_a_little_peak)
+    # test_memory_policy_trades_recompute_above_the_free_level_for_a_little_peak), nor
+    # plans' modelled step times (test_memory_policy_leaves_out_plans_whose_modelled_...)
     monkeypatch.setattr(budget_mod, "MEMORY_RECOMPUTE_WEIGHT", 0.0)
+    monkeypatch.setattr(budget_mod, "MEMORY_MAX_STEP_TIME", float("inf"))
     capped, flops, forward = written()
     assert flops <= budget_mod.MEMORY_MAX_RECOMPUTE * forward
     assert "left out" in capped.choice.note
@@ -452,6 +458,39 @@ def test_memory_policy_trades_recompute_above_the_free_level_for_a_little_peak(
     # under the free level recompute is free: the lower peak is written
     low_free, cheap_free = plan(100, 0.55), plan(104, 0.3)
     assert pick(low_free, cheap_free) is low_free
+
+
+def test_memory_policy_leaves_out_plans_whose_modelled_step_is_too_slow(monkeypatch):
+    """A plan whose modelled step time at one or two inter-op threads is above
+    MEMORY_MAX_STEP_TIME times the original's is left out, and the note says so (Keras'
+    VGG16 at 224 px: the lowest plan, each segment recomputed just before its gradient
+    ops, measured 1.5x at two threads, modelled 1.48x); when every plan is too
+    slow the cap is not kept; and without the original's times there is no cap."""
+    import graphmem.analysis.cost as cost
+    from graphmem.analysis.memory import MemoryEstimate
+    from graphmem.analysis.schedule import StepTimes
+    from graphmem.passes.checkpoints import CheckpointChoice
+
+    monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
+    base = StepTimes(100.0, 66.0)
+
+    def plan(peak, one, two):
+        est = MemoryEstimate(peak, 0, 0, "")
+        est.step_times = StepTimes(one, two)
+        return budget_mod.BudgetCandidate(
+            "budget", CheckpointChoice("memory", [(peak, 0)], lead=two < 90), None, est, 300)
+
+    def pick(plans, times=base):
+        return budget_mod._memory_pick(None, None, 32, plans, _PlainRunner(plans), times)
+
+    slow = plan(100, 117, 98)  # 1.17 | 1.48x
+    quick = plan(110, 105, 75)  # 1.05 | 1.14x
+    chosen = pick([slow, quick])
+    assert chosen.best is quick and chosen.slowed
+    assert pick([slow, plan(120, 145, 70)]).best is slow  # none fast enough: no cap
+    assert pick([slow, quick], times=None).best is slow
+    # a plan as fast as the original's step, within the cap, keeps its lower peak
+    assert pick([plan(100, 110, 80), quick]).best.after.peak_bytes == 100
 
 
 def _chain_spine(n: int, bottlenecks: list[int]):

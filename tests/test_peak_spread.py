@@ -4,6 +4,8 @@ peak of the orders simulated, which one a training run reaches, and the reports'
 import json
 from functools import partial
 
+import pytest
+
 from graphmem.analysis.memory import estimate_memory as _estimate_memory
 from graphmem.analysis.schedule import executor_order
 from graphmem.report.inspect_report import shows_spread, spread_sentence
@@ -160,7 +162,8 @@ def test_two_threads_run_ops_readied_together_side_by_side():
     from graphmem.analysis.schedule import two_thread_order
 
     ix = _two_branches()
-    order, start, end = two_thread_order(ix)
+    walk = two_thread_order(ix)
+    order, start, end = walk.order, walk.start_at, walk.end_at
     assert sorted(order) == list(range(len(ix)))
     at = {ix.names[i]: p for p, i in enumerate(order)}
     a, b = at["a"], at["b"]
@@ -168,6 +171,57 @@ def test_two_threads_run_ops_readied_together_side_by_side():
     for p, i in enumerate(order):  # no op starts before what it reads has ended
         for s, _ in ix.data_inputs[i]:
             assert end[at[ix.names[s]]] <= start[p]
+
+
+def test_the_modelled_step_time_counts_ops_side_by_side_once_at_two_threads():
+    """One thread runs every op in turn (the ops' times added up); two run the two
+    branches side by side, so the step takes about one branch less. A chain gains
+    nothing from a second thread."""
+    from graphmem.analysis.cost import op_times
+    from graphmem.analysis.schedule import StepTimes, two_thread_order
+
+    ix = _two_branches()
+    walk = two_thread_order(ix)
+    times = op_times(ix, range(len(ix)), None)
+    at = {ix.names[i]: i for i in range(len(ix))}
+    branch = times[at["a"]] + times[at["ra"]]
+    assert walk.work == pytest.approx(2 * branch + times[at["end"]])  # x runs inline
+    assert walk.span == pytest.approx(branch + times[at["end"]])
+    assert walk.times.ratio(StepTimes(walk.work / 2, walk.span)) == (2.0, 1.0)
+    g = G()
+    g.op("x", "Placeholder", shape=N)
+    g.op("a", "Op", "x", shape=(8 * 2048,))
+    g.op("b", "Op", "a", shape=(8 * 2048,))
+    chain = two_thread_order(g.index())
+    assert chain.span == pytest.approx(chain.work)
+    est = _estimate_memory(ix)
+    assert est.step_times == walk.times  # the estimate carries them
+    assert _estimate_memory(ix, two_threads=False).step_times is None
+
+
+def test_a_slice_or_an_in_place_update_moves_its_part_of_the_buffer_only():
+    """The in-place weight-decay terms (passes/in_place_terms.py) read a large variable
+    slice by slice and add each term into a slice of the gradient's buffer: counted as
+    moving the whole buffer each time, tf-slim AlexNet v2's rewrite without any recompute
+    was modelled 1.22x the original's step; each piece moves its slice's bytes."""
+    from graphmem.analysis.cost import BYTE_COST, op_times
+
+    g = G()
+    g.op("w", "Placeholder", shape=(64, 1024))
+    g.op("g", "Placeholder", shape=(64, 1024))
+    g.op("begin", "Const", shape=(2,))
+    g.op("size", "Const", shape=(2,))
+    g.op("piece", "Slice", "w", "begin", "size", shape=(1, 1024))
+    g.op("term", "Mul", "piece", "piece", shape=(1, 1024))
+    g.op("at", "Const", shape=(1,))
+    g.op("sum", "InplaceAdd", "g", "at", "term", shape=(64, 1024))
+    ix = g.index()
+    times = op_times(ix, range(len(ix)), None)
+    at = {ix.names[i]: i for i in range(len(ix))}
+    row = 1024 * 4
+    assert times[at["piece"]] < BYTE_COST * 3 * row  # its slice in and out, not w's 64 rows
+    assert times[at["sum"]] < BYTE_COST * 4 * row
+    assert times[at["term"]] >= BYTE_COST * 3 * row  # an element-wise op reads it all
 
 
 def test_the_two_thread_peak_counts_in_the_highest_only():

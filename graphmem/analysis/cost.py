@@ -60,6 +60,14 @@ def copied_flops(index: GraphIndex, batch_size: int | None) -> int:
 
 
 _CONV_GRADIENTS = {"Conv2DBackpropFilter", "Conv2DBackpropInput"}
+# ops that read only a part of their first input (a slice of it), or write into its buffer
+# where their update lands: they move their output's or their update's bytes, not the
+# whole input's (the in-place weight-decay terms, passes/in_place_terms.py, add a large
+# variable's term into its gradient in pieces, each a Slice and an InplaceAdd)
+_PART_READERS = frozenset({"Slice", "StridedSlice", "Gather", "GatherV2", "ResourceGather"})
+_IN_PLACE_UPDATES = frozenset({"InplaceAdd", "InplaceSub", "InplaceUpdate",
+                               "TensorScatterAdd", "TensorScatterUpdate",
+                               "TensorScatterSub"})
 # bytes an op reads or writes count as this many operations: CPU kernels do several
 # floating-point operations in the time they move one byte, and the ops between the
 # matmuls and convolutions (batch norm, activations, their gradients) are bound by memory
@@ -69,17 +77,30 @@ BYTE_COST = 4
 def op_times(index: GraphIndex, nodes, batch_size: int | None) -> list[float]:
     """Each op's running time relative to the others' (for the order two threads run a
     step in, schedule.py): its FLOPs (a filter gradient counted as its convolution) plus
-    BYTE_COST per byte it reads and writes. Ops not in `nodes` take none."""
+    BYTE_COST per byte it reads and writes (a slice's or an in-place update's part of its
+    buffer, not the whole buffer). Ops not in `nodes` take none."""
     sizes = index.output_sizes(batch_size)
     times = [0.0] * len(index)
     data_inputs, ops = index.data_inputs, index.ops
     for i in nodes:
         moved = sum(b or 0 for b in sizes[i])
-        for s, k in data_inputs[i]:
+        inputs = data_inputs[i]
+        if ops[i] in _PART_READERS:
+            inputs = inputs[1:]  # the slice read is the output's size: counted twice
+            moved *= 2
+        elif ops[i] in _IN_PLACE_UPDATES:
+            inputs = inputs[2:]  # the update read, added into the slice of it written
+            moved = 0
+        for s, k in inputs:
             out = sizes[s]
             if k < len(out):
                 moved += out[k] or 0
-        if ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
+        if ops[i] in _IN_PLACE_UPDATES:
+            # one operation per element of the update, which is read, and its slice of the
+            # buffer read and written
+            flops = sum(num_elements(index.shape(t), batch_size) or 0 for t in inputs)
+            moved *= 3
+        elif ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
             # the convolution's multiply-adds: per element of the incoming gradient, the
             # filter's height x width x input channels
             grad = num_elements(index.shape(data_inputs[i][2]), batch_size) or 0

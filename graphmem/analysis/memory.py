@@ -30,7 +30,7 @@ from graphmem.analysis.loops import (
     analyze_loops,
     element_view,
 )
-from graphmem.analysis.schedule import executor_orders, two_thread_order
+from graphmem.analysis.schedule import StepTimes, executor_orders, two_thread_order
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
@@ -121,6 +121,9 @@ class MemoryEstimate:
     highest_threads: int = 1
     # with a timeline: the ops in the order walked (`timeline[p]` is while `order[p]` runs)
     order: list[int] = field(default_factory=list)
+    # the step's modelled running time at one and two inter-op threads (schedule.py), when
+    # the two-thread order was walked: what the memory policy weighs plans' step time by
+    step_times: StepTimes | None = None
 
     @property
     def estimated_bytes(self) -> int:
@@ -199,7 +202,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     two = two_thread_order(index, nodes, batch_size, bypassed) \
         if two_threads and allocator else None
     if two is not None:
-        orders.append(("warm-up", two[0], two[1:]))
+        orders.append(("warm-up", two.order, (two.start_at, two.end_at)))
     aside = [(phase, order, timing,
               Background(partial(run_in, order, True, timing), len(index)))
              for phase, order, timing in orders]
@@ -217,6 +220,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
         if est.peak_bytes > best.peak_bytes and n == 1:
             est.phase, best = phase, est
     best.highest_bytes, best.highest_threads = highest, threads
+    best.step_times = two.times if two is not None else None
     return _with_orders(best, walked)
 
 

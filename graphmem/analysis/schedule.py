@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
 from itertools import compress
 
 from graphmem.graph.index import GraphIndex
@@ -113,9 +114,41 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo, reverse)
 
 
+@dataclass
+class TwoThreadWalk:
+    """The step as two inter-op threads run it: the ops in the order they start, each
+    one's start and end time, and what the step costs at one and at two threads, in the
+    relative time units of cost.op_times."""
+
+    order: list[int]
+    start_at: list[float]
+    end_at: list[float]
+    work: float  # the ops' times added up: the step at one inter-op thread
+    span: float  # when the last op ends: the step at two
+
+    @property
+    def times(self) -> StepTimes:
+        return StepTimes(self.work, self.span)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """A step's running time as the simulation models it, at one inter-op thread (the ops'
+    times added up) and at two (the two-thread walk's length), in cost.op_times's relative
+    units: only ratios between graphs of one model mean anything."""
+
+    one_thread: float
+    two_threads: float
+
+    def ratio(self, base: StepTimes) -> tuple[float, float]:
+        """(one-thread, two-thread) time as a multiple of `base`'s."""
+        return (self.one_thread / base.one_thread if base.one_thread else 1.0,
+                self.two_threads / base.two_threads if base.two_threads else 1.0)
+
+
 def two_thread_order(index: GraphIndex, nodes: set[int] | None = None,
                      batch_size: int | None = None, bypassed: set[int] | None = None
-                     ) -> tuple[list[int], list[float], list[float]] | None:
+                     ) -> TwoThreadWalk | None:
     """The warm-up as two inter-op threads run it (`_StepGraph.walk_two_threads`): the ops
     in the order they start, with each one's start and end time, from their relative
     running times (cost.py). None for steps with v1 loops, and for steps of more than
@@ -128,7 +161,14 @@ def two_thread_order(index: GraphIndex, nodes: set[int] | None = None,
     if step.has_loops:
         return None
     members = [i for i in range(len(index)) if step.member[i]]
-    return step.walk_two_threads(op_times(index, members, batch_size))
+    duration = op_times(index, members, batch_size)
+    walked = step.walk_two_threads(duration)
+    if walked is None:
+        return None
+    order, start_at, end_at = walked
+    # ops run inline take no time in the walk: one thread's step is the others' times
+    work = sum(end - start for start, end in zip(start_at, end_at, strict=True))
+    return TwoThreadWalk(order, start_at, end_at, work, max(end_at, default=0.0))
 
 
 class _StepGraph:

@@ -60,6 +60,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
             "forward_flops": result.budget.total_flops},
         "before": _estimate_doc(result.before, result.swap is not None),
         "after": _estimate_doc(result.after, result.swap is not None),
+        "modelled_step_time": _step_time_doc(result),
         "loop_bodies": None if result.loops is None else {
             "policy": result.loops.policy, "loops": result.loops.loops,
             "left_whole": result.loops.skipped},
@@ -77,6 +78,22 @@ def _loops_v1_doc(result: RewriteResult) -> dict | None:
         return None
     return {"loops": lp.loops, "skipped": lp.skipped,
             "freed_bytes_per_step": lp.freed_bytes if not result.reverted else 0}
+
+
+def _step_time_doc(result: RewriteResult) -> dict | None:
+    """The rewrite's modelled step time as a multiple of the original's, at one and two
+    inter-op threads (analysis/schedule.py); None where a step was not walked on two
+    threads (v1 loops, very large steps)."""
+    ratio = _step_time_ratio(result)
+    return None if ratio is None else {"one_thread": round(ratio[0], 3),
+                                       "two_threads": round(ratio[1], 3)}
+
+
+def _step_time_ratio(result: RewriteResult) -> tuple[float, float] | None:
+    before, after = result.before.step_times, result.after.step_times
+    if before is None or after is None:
+        return None
+    return after.ratio(before)
 
 
 def _estimate_doc(est, swapping: bool) -> dict:
@@ -228,6 +245,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                           f"{format_bytes(est.estimated_bytes)} as they take their values' "
                           "buffers and the allocator's chunks move from step to step "
                           "(Keras' optimizer slots)")
+    times = _step_time_ratio(result)
+    if times is not None and not result.reverted:
+        console.print(f"modelled step time: {times[0]:.2f}x at one inter-op thread, "
+                      f"{times[1]:.2f}x at two (from FLOPs and bytes moved, not measured)")
     console.print(f"nodes: {result.nodes_before} -> {result.nodes_after}")
     if result.reverted:
         console.print("[yellow]the rewrite would not lower the estimated highest peak by "
