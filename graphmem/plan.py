@@ -31,6 +31,9 @@ class TradeoffPoint:
     peak_bytes: int
     extra_flops_share: float  # extra forward FLOPs / forward FLOPs of the spine
     how: str  # "model" or "estimate"
+    # a rewritten plan's modelled step time at one and two inter-op threads, as multiples
+    # of the original's (analysis/schedule.py StepTimes; None for the model's points)
+    modelled_step_time: tuple[float, float] | None = None
 
 
 @dataclass
@@ -91,7 +94,8 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
                                                       budget=str(low), keep_worse=True))
     result.smallest_peak_bytes = min(lowest.after.peak_bytes, no_recompute)
     points = [TradeoffPoint("lowest plan", lowest.after.peak_bytes,
-                            copied_flops(ws_low.index, batch_size) / total, "estimate")]
+                            copied_flops(ws_low.index, batch_size) / total, "estimate",
+                            _step_time(lowest))]
     for k in range(steps):
         budget = int(low + (original - low) * k / max(steps - 1, 1))
         sol = solve_budget(units, base, budget)
@@ -107,7 +111,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
                                                      keep_worse=True))
         result.policies.append(TradeoffPoint(policy, res.after.peak_bytes,
                                              copied_flops(ws_p.index, batch_size) / total,
-                                             "estimate"))
+                                             "estimate", _step_time(res)))
         # the memory policy tries plan layouts the budget model does not (no lead, late
         # copies): its peak may be the lowest found
         result.smallest_peak_bytes = min(result.smallest_peak_bytes, res.after.peak_bytes)
@@ -119,6 +123,16 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
             "recomputing from the input again and again, quadratic compute, would come "
             "nearer)")
     return result
+
+
+def _step_time(result) -> tuple[float, float] | None:
+    """A rewrite's modelled step time at one and two threads, as multiples of the
+    original's (None where a step was not walked on two threads)."""
+    before, after = result.before.step_times, result.after.step_times
+    if before is None or after is None:
+        return None
+    one, two = after.ratio(before)
+    return round(one, 3), round(two, 3)
 
 
 def _pareto(points: list[TradeoffPoint]) -> list[TradeoffPoint]:

@@ -207,6 +207,12 @@ def test_plan_tradeoff_curve(tmp_path):
     assert doc["early_updates_peak_bytes"] <= doc["original_peak_bytes"]
     labels = {p["label"] for p in doc["policies"]}
     assert labels == {"memory", "speed"}
+    # rewritten plans carry their modelled step time (one and two threads), the model's
+    # points none; the memory policy's stays within its cap
+    memory = next(p for p in doc["policies"] if p["label"] == "memory")
+    one, two = memory["modelled_step_time"]
+    assert 1.0 < one <= budget_mod.MEMORY_MAX_STEP_TIME and two <= budget_mod.MEMORY_MAX_STEP_TIME
+    assert all(p["modelled_step_time"] is None for p in doc["points"] if p["how"] == "model")
     assert (tmp_path / "curve.svg").read_text().startswith("<svg")
 
 

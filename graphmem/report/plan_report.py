@@ -25,10 +25,14 @@ def render_plan(result: Tradeoff, console: Console, plot: str | None = None) -> 
     table.add_column("peak", justify="right", no_wrap=True)
     table.add_column("x original", justify="right")
     table.add_column("extra FLOPs", justify="right")
+    table.add_column("modelled step, 1 | 2 threads", justify="right")
     table.add_column("from")
     for p in result.points + result.policies:
+        step = p.modelled_step_time
         table.add_row(p.label, format_bytes(p.peak_bytes), f"{p.peak_bytes / original:.2f}",
-                      f"+{p.extra_flops_share:.0%}", _HOW.get(p.how, p.how))
+                      f"+{p.extra_flops_share:.0%}",
+                      f"{step[0]:.2f} | {step[1]:.2f}x" if step else "",
+                      _HOW.get(p.how, p.how))
     print_table(console, table)
     console.print(f"lowest peak reachable: {format_bytes(result.smallest_peak_bytes)}; "
                   f"with early updates only: {format_bytes(result.early_updates_peak_bytes)}")
