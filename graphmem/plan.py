@@ -95,7 +95,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     result.smallest_peak_bytes = min(lowest.after.peak_bytes, no_recompute)
     points = [TradeoffPoint("lowest plan", lowest.after.peak_bytes,
                             copied_flops(ws_low.index, batch_size) / total, "estimate",
-                            _step_time(lowest))]
+                            _rounded(lowest.modelled_step_time))]
     for k in range(steps):
         budget = int(low + (original - low) * k / max(steps - 1, 1))
         sol = solve_budget(units, base, budget)
@@ -111,7 +111,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
                                                      keep_worse=True))
         result.policies.append(TradeoffPoint(policy, res.after.peak_bytes,
                                              copied_flops(ws_p.index, batch_size) / total,
-                                             "estimate", _step_time(res)))
+                                             "estimate", _rounded(res.modelled_step_time)))
         # the memory policy tries plan layouts the budget model does not (no lead, late
         # copies): its peak may be the lowest found
         result.smallest_peak_bytes = min(result.smallest_peak_bytes, res.after.peak_bytes)
@@ -125,14 +125,8 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
     return result
 
 
-def _step_time(result) -> tuple[float, float] | None:
-    """A rewrite's modelled step time at one and two threads, as multiples of the
-    original's (None where a step was not walked on two threads)."""
-    before, after = result.before.step_times, result.after.step_times
-    if before is None or after is None:
-        return None
-    one, two = after.ratio(before)
-    return round(one, 3), round(two, 3)
+def _rounded(ratio: tuple[float, float] | None) -> tuple[float, float] | None:
+    return None if ratio is None else (round(ratio[0], 3), round(ratio[1], 3))
 
 
 def _pareto(points: list[TradeoffPoint]) -> list[TradeoffPoint]:

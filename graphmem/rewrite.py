@@ -98,6 +98,14 @@ class RewriteResult:
     passes: dict[str, PassPlan] = field(default_factory=dict)  # pass name -> plan, as run
     seconds: dict[str, float] = field(default_factory=dict)  # pipeline stage -> wall seconds
 
+    @property
+    def modelled_step_time(self) -> tuple[float, float] | None:
+        """The rewrite's modelled step time at one and two inter-op threads, as multiples
+        of the original's (analysis/schedule.py); None where a step was not walked on two
+        threads (v1 loops, very large steps)."""
+        before, after = self.before.step_times, self.after.step_times
+        return None if before is None or after is None else after.ratio(before)
+
 
 def rewrite_workspace(ws: Workspace, options: RewriteOptions) -> RewriteResult:
     index = ws.index

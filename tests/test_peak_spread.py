@@ -185,15 +185,15 @@ def test_the_modelled_step_time_counts_ops_side_by_side_once_at_two_threads():
     times = op_times(ix, range(len(ix)), None)
     at = {ix.names[i]: i for i in range(len(ix))}
     branch = times[at["a"]] + times[at["ra"]]
-    assert walk.work == pytest.approx(2 * branch + times[at["end"]])  # x runs inline
-    assert walk.span == pytest.approx(branch + times[at["end"]])
-    assert walk.times.ratio(StepTimes(walk.work / 2, walk.span)) == (2.0, 1.0)
+    assert walk.times.one_thread == pytest.approx(2 * branch + times[at["end"]])  # x runs inline
+    assert walk.times.two_threads == pytest.approx(branch + times[at["end"]])
+    assert walk.times.ratio(StepTimes(walk.times.one_thread / 2, walk.times.two_threads)) == (2.0, 1.0)
     g = G()
     g.op("x", "Placeholder", shape=N)
     g.op("a", "Op", "x", shape=(8 * 2048,))
     g.op("b", "Op", "a", shape=(8 * 2048,))
     chain = two_thread_order(g.index())
-    assert chain.span == pytest.approx(chain.work)
+    assert chain.times.two_threads == pytest.approx(chain.times.one_thread)
     est = _estimate_memory(ix)
     assert est.step_times == walk.times  # the estimate carries them
     assert _estimate_memory(ix, two_threads=False).step_times is None

@@ -82,32 +82,30 @@ def op_times(index: GraphIndex, nodes, batch_size: int | None) -> list[float]:
     sizes = index.output_sizes(batch_size)
     times = [0.0] * len(index)
     data_inputs, ops = index.data_inputs, index.ops
+
+    def read(inputs) -> int:
+        return sum(sizes[s][k] or 0 for s, k in inputs if k < len(sizes[s]))
+
     for i in nodes:
-        moved = sum(b or 0 for b in sizes[i])
-        inputs = data_inputs[i]
-        if ops[i] in _PART_READERS:
-            inputs = inputs[1:]  # the slice read is the output's size: counted twice
-            moved *= 2
-        elif ops[i] in _IN_PLACE_UPDATES:
-            inputs = inputs[2:]  # the update read, added into the slice of it written
-            moved = 0
-        for s, k in inputs:
-            out = sizes[s]
-            if k < len(out):
-                moved += out[k] or 0
+        written = sum(b or 0 for b in sizes[i])
         if ops[i] in _IN_PLACE_UPDATES:
-            # one operation per element of the update, which is read, and its slice of the
-            # buffer read and written
-            flops = sum(num_elements(index.shape(t), batch_size) or 0 for t in inputs)
-            moved *= 3
-        elif ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
+            # the update read, and its slice of the buffer read and written; one operation
+            # per element of the update
+            update = data_inputs[i][2:]
+            moved = 3 * read(update)
+            flops = sum(num_elements(index.shape(t), batch_size) or 0 for t in update)
+        elif ops[i] in _PART_READERS:  # its slice read and written, and the indices read
+            moved = 2 * written + read(data_inputs[i][1:])
+            flops = op_flops(index, i, batch_size)
+        else:
+            moved = written + read(data_inputs[i])
+            flops = op_flops(index, i, batch_size)
+        if ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
             # the convolution's multiply-adds: per element of the incoming gradient, the
             # filter's height x width x input channels
             grad = num_elements(index.shape(data_inputs[i][2]), batch_size) or 0
             f = index.shape((i, 0) if ops[i] == "Conv2DBackpropFilter" else data_inputs[i][1])
             flops = 2 * grad * prod(f[:-1]) if f and len(f) == 4 and all(
                 d > 0 for d in f) else grad
-        else:
-            flops = op_flops(index, i, batch_size)
         times[i] = float(flops + BYTE_COST * moved)
     return times

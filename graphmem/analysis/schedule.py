@@ -114,23 +114,6 @@ def executor_order(index: GraphIndex, nodes: set[int] | None = None,
     return _StepGraph(index, nodes, batch_size, bypassed).walk(warm_up, fifo, reverse)
 
 
-@dataclass
-class TwoThreadWalk:
-    """The step as two inter-op threads run it: the ops in the order they start, each
-    one's start and end time, and what the step costs at one and at two threads, in the
-    relative time units of cost.op_times."""
-
-    order: list[int]
-    start_at: list[float]
-    end_at: list[float]
-    work: float  # the ops' times added up: the step at one inter-op thread
-    span: float  # when the last op ends: the step at two
-
-    @property
-    def times(self) -> StepTimes:
-        return StepTimes(self.work, self.span)
-
-
 @dataclass(frozen=True)
 class StepTimes:
     """A step's running time as the simulation models it, at one inter-op thread (the ops'
@@ -144,6 +127,17 @@ class StepTimes:
         """(one-thread, two-thread) time as a multiple of `base`'s."""
         return (self.one_thread / base.one_thread if base.one_thread else 1.0,
                 self.two_threads / base.two_threads if base.two_threads else 1.0)
+
+
+@dataclass
+class TwoThreadWalk:
+    """The step as two inter-op threads run it: the ops in the order they start, each
+    one's start and end time, and the step's modelled times at one and two threads."""
+
+    order: list[int]
+    start_at: list[float]
+    end_at: list[float]
+    times: StepTimes
 
 
 def two_thread_order(index: GraphIndex, nodes: set[int] | None = None,
@@ -166,9 +160,11 @@ def two_thread_order(index: GraphIndex, nodes: set[int] | None = None,
     if walked is None:
         return None
     order, start_at, end_at = walked
-    # ops run inline take no time in the walk: one thread's step is the others' times
+    # ops run inline take no time in the walk: one thread's step is the others' times,
+    # two threads' when the last op ends
     work = sum(end - start for start, end in zip(start_at, end_at, strict=True))
-    return TwoThreadWalk(order, start_at, end_at, work, max(end_at, default=0.0))
+    return TwoThreadWalk(order, start_at, end_at,
+                         StepTimes(work, max(end_at, default=0.0)))
 
 
 class _StepGraph:

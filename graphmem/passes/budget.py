@@ -853,16 +853,19 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
 
     forward = forward_flops(index, regions, batch_size)
     cap = math.inf if forward is None else MEMORY_MAX_RECOMPUTE * forward
-    fast = _FastEnough(base_times)
     within = [r for r in runs if r.extra_flops <= cap] or \
         [min(runs, key=lambda r: r.extra_flops)]
-    affordable = [r for r in within if fast(r)]
-    fast.active = bool(affordable)  # no plan is fast enough: the cap is not met, not kept
+    affordable = [r for r in within if not _too_slow(r, base_times)]
+    timed = bool(affordable)  # no plan is fast enough: the time cap is not met, not kept
     affordable = affordable or within
     if min(r.after.estimated_bytes for r in affordable) > \
             MEMORY_CAP_MAX_COST * min(r.after.estimated_bytes for r in runs):
         # the caps would cost far more than a few percent
-        affordable, cap, fast.active = runs, math.inf, False
+        affordable, cap, timed = runs, math.inf, False
+
+    def fast(r: BudgetCandidate) -> bool:
+        return not timed or not _too_slow(r, base_times)
+
     base = _least_recompute_lowest(affordable)
     # late copies of the chosen plan and of the LATE_COPY_TRIES plans that could peak
     # lowest with them: late copies free recomputed copies alone, so a plan whose peak less
@@ -914,21 +917,13 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     return MemoryPick(best, runs, capped, base, traded, forward if traded else None, slowed)
 
 
-class _FastEnough:
-    """Is a plan's modelled step time within MEMORY_MAX_STEP_TIME of the original's, at
-    one and at two inter-op threads? Always yes without the original's times or the
-    plan's (a step with v1 loops or too many ops is not walked on two threads), or once
-    `active` is off (no plan was)."""
-
-    def __init__(self, base: StepTimes | None) -> None:
-        self.base = base
-        self.active = base is not None
-
-    def __call__(self, run: BudgetCandidate) -> bool:
-        times = run.after.step_times
-        if not self.active or times is None or self.base is None:
-            return True
-        return max(times.ratio(self.base)) <= MEMORY_MAX_STEP_TIME
+def _too_slow(run: BudgetCandidate, base: StepTimes | None) -> bool:
+    """Is a plan's modelled step time above MEMORY_MAX_STEP_TIME times the original's, at
+    one or at two inter-op threads? Never without the original's times or the plan's (a
+    step with v1 loops or too many ops is not walked on two threads)."""
+    times = run.after.step_times
+    return base is not None and times is not None and \
+        max(times.ratio(base)) > MEMORY_MAX_STEP_TIME
 
 
 def _least_recompute_lowest(runs: list[BudgetCandidate]) -> BudgetCandidate:

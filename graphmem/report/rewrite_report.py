@@ -81,19 +81,9 @@ def _loops_v1_doc(result: RewriteResult) -> dict | None:
 
 
 def _step_time_doc(result: RewriteResult) -> dict | None:
-    """The rewrite's modelled step time as a multiple of the original's, at one and two
-    inter-op threads (analysis/schedule.py); None where a step was not walked on two
-    threads (v1 loops, very large steps)."""
-    ratio = _step_time_ratio(result)
+    ratio = result.modelled_step_time
     return None if ratio is None else {"one_thread": round(ratio[0], 3),
                                        "two_threads": round(ratio[1], 3)}
-
-
-def _step_time_ratio(result: RewriteResult) -> tuple[float, float] | None:
-    before, after = result.before.step_times, result.after.step_times
-    if before is None or after is None:
-        return None
-    return after.ratio(before)
 
 
 def _estimate_doc(est, swapping: bool) -> dict:
@@ -245,7 +235,7 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                           f"{format_bytes(est.estimated_bytes)} as they take their values' "
                           "buffers and the allocator's chunks move from step to step "
                           "(Keras' optimizer slots)")
-    times = _step_time_ratio(result)
+    times = result.modelled_step_time
     if times is not None and not result.reverted:
         console.print(f"modelled step time: {times[0]:.2f}x at one inter-op thread, "
                       f"{times[1]:.2f}x at two (from FLOPs and bytes moved, not measured)")
