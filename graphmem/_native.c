@@ -445,6 +445,122 @@ done:
     return result;
 }
 
+/* bfc._highest_moving_step: the first step, then `steps` measured ones, each variable's chunk
+ * handed over to the buffer an adopt event (buffer, k, ADOPT) names and the old chunk freed;
+ * returns the highest measured step's peak */
+static PyObject *replay_moving(PyObject *self, PyObject *args) {
+    PyObject *events, *persistent, *host;
+    Py_ssize_t steps;
+    if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &events, &PyList_Type, &persistent,
+                          &host, &steps))
+        return NULL;
+    Allocators all = {NULL, NULL, 0, 0};
+    PyObject *handles = NULL, *result = NULL;
+    Py_ssize_t np = PyList_GET_SIZE(persistent), n = PyList_GET_SIZE(events);
+    long long *owned = PyMem_Calloc((size_t)np + 1, sizeof(long long));
+    if (!owned) return PyErr_NoMemory();
+    all.index = PyDict_New();
+    if (!all.index) goto done;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *dev, *nbytes;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(persistent, i), "OO", &dev, &nbytes)) goto done;
+        Py_ssize_t a = allocator_of(&all, dev, 1);
+        if (a < 0) goto done;
+        long long b = PyLong_AsLongLong(nbytes);
+        if (b == -1 && PyErr_Occurred()) goto done;
+        int32_t chunk = bfc_allocate(&all.items[a], b);
+        if (chunk < 0) goto done;
+        owned[i] = ((long long)a << 32) | (uint32_t)chunk;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        Py_ssize_t len;
+        if (event_fields(ev, &len) < 0) goto done;
+        if (len < 1) {
+            PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
+            goto done;
+        }
+        if (len == 4 && allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 1) < 0) goto done;
+    }
+    Py_ssize_t hosted = -1;
+    if (host != Py_None) {
+        PyObject *found = PyDict_GetItemWithError(all.index, host);
+        if (found) hosted = PyLong_AsSsize_t(found);
+        else if (PyErr_Occurred()) goto done;
+    }
+    int64_t highest = 0;
+    for (Py_ssize_t s = 0; s <= steps; s++) {
+        int64_t step = 0, start, peak = 0;
+        Py_CLEAR(handles);
+        handles = PyDict_New();
+        if (!handles) goto done;
+        for (Py_ssize_t a = 0; a < all.len; a++)
+            if (a != hosted) step += all.items[a].in_use;
+        start = step;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *ev = PyList_GET_ITEM(events, i);
+            Py_ssize_t len = PyTuple_GET_SIZE(ev);
+            if (len == 4) {
+                Py_ssize_t a = allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 0);
+                if (a < 0) goto done;
+                long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
+                if (b == -1 && PyErr_Occurred()) goto done;
+                BFC *alloc = &all.items[a];
+                int64_t before = alloc->in_use;
+                int32_t chunk = bfc_allocate(alloc, b);
+                if (chunk < 0) goto done;
+                PyObject *h = handle(a, chunk);
+                if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
+                    Py_XDECREF(h);
+                    goto done;
+                }
+                Py_DECREF(h);
+                if (a != hosted) {
+                    step += alloc->in_use - before;
+                    if (step - start > peak) peak = step - start;
+                }
+            } else if (len == 2 || len == 3) {
+                PyObject *found = NULL;
+                if (dict_pop(handles, PyTuple_GET_ITEM(ev, 0), &found) < 0) goto done;
+                if (!found) continue;
+                long long v = PyLong_AsLongLong(found);
+                Py_DECREF(found);
+                if (v == -1 && PyErr_Occurred()) goto done;
+                if (len == 3) { /* the variable takes the buffer; its old chunk is freed */
+                    Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 1));
+                    if (k == -1 && PyErr_Occurred()) goto done;
+                    if (k < 0 || k >= np) {
+                        PyErr_SetString(PyExc_IndexError, "replay_moving: no such variable");
+                        goto done;
+                    }
+                    long long old = owned[k];
+                    owned[k] = v;
+                    v = old;
+                }
+                Py_ssize_t a = (Py_ssize_t)(v >> 32);
+                BFC *alloc = &all.items[a];
+                int64_t before = alloc->in_use;
+                if (bfc_free(alloc, (int32_t)(v & 0xffffffffLL)) < 0) goto done;
+                if (a != hosted) step += alloc->in_use - before;
+            }
+        }
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(handles, &pos, &key, &value)) {
+            if (free_handle(&all, value) < 0) goto done;
+        }
+        if (s > 0 && peak > highest) highest = peak;
+    }
+    result = PyLong_FromLongLong(highest);
+done:
+    Py_XDECREF(handles);
+    Py_XDECREF(all.index);
+    for (Py_ssize_t a = 0; a < all.len; a++) bfc_clear(&all.items[a]);
+    PyMem_Free(all.items);
+    PyMem_Free(owned);
+    return result;
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* Kahn's topological sort (graphmem/graph/index.py, GraphIndex._kahn)                  */
 /* ------------------------------------------------------------------------------------ */
@@ -1407,6 +1523,9 @@ static PyMethodDef methods[] = {
     {"replay_step", replay_step, METH_VARARGS,
      "replay_step(events, persistent, host, keep_timeline) -> (peak, peak_pos, peak_dev, "
      "host_peak, timeline): bfc.replay_step, compiled."},
+    {"replay_moving", replay_moving, METH_VARARGS,
+     "replay_moving(events, persistent, host, steps) -> highest peak: "
+     "bfc._highest_moving_step, compiled."},
     {"kahn", kahn, METH_VARARGS,
      "kahn(data_inputs, control_inputs) -> (order, indeg): GraphIndex._kahn, compiled."},
     {"read_graph", read_graph, METH_VARARGS,

@@ -77,6 +77,43 @@ def test_replay_step_agrees_with_the_python_allocator(seed, monkeypatch):
     assert reference.peak > 0 and bool(reference.timeline) == (seed % 2 == 0)
 
 
+def _with_adoptions(rng: random.Random, events: list[tuple], variables: int) -> list[tuple]:
+    """The step's events with some buffers handed to variables (Keras' slots written with
+    `AssignVariableOp`): the adopting event comes in place of the buffer's free."""
+    out = []
+    for ev in events:
+        if len(ev) == 2 and ev[0][0] != "x" and variables and rng.random() < 0.1:
+            out.append((ev[0], rng.randrange(variables), bfc.ADOPT))
+        else:
+            out.append(ev)
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_moving_replay_agrees_with_the_python_allocator(seed, monkeypatch):
+    """The steps replayed with variables moving between chunks: the highest of them, and
+    the step with variables kept in place, agree."""
+    rng = random.Random(100 + seed)
+    devices = ["/device:CPU:0", "/device:GPU:0"][: 1 + seed % 2]
+    persistent = [(rng.choice(devices), rng.randrange(1, 4 * MIB)) for _ in range(1 + seed)]
+    events = _with_adoptions(rng, _random_step(rng, 200 + 50 * seed, devices), len(persistent))
+    assert any(len(ev) == 3 for ev in events)
+    host = [None, "/device:CPU:0"][seed % 2]
+    monkeypatch.setattr(bfc, "MOVING_STEPS", 30)
+    compiled = bfc.replay_step(events, persistent, host, False)
+    monkeypatch.setattr(bfc, "native", None)
+    reference = bfc.replay_step(events, persistent, host, False)
+    assert compiled == reference
+    assert reference.highest >= reference.peak > 0
+
+
+def test_moving_steps_shrink_on_huge_steps_only():
+    assert bfc.moving_steps(1000) == bfc.MOVING_STEPS
+    assert bfc.moving_steps(10 * bfc.MOVING_EVENTS) == bfc.MIN_MOVING_STEPS
+    assert bfc.MIN_MOVING_STEPS < bfc.moving_steps(bfc.MOVING_EVENTS // 50) < bfc.MOVING_STEPS
+
+
 @needs_native
 def test_replay_step_counts_chunks_not_requests():
     # 1 MiB, then 600 KiB: the free MiB left of the 2 MiB region is handed out whole

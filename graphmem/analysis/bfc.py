@@ -54,8 +54,15 @@ class StepPeaks:
 
 ADOPT = "adopt"  # the third field of an event (buffer, variable's place, ADOPT)
 # steps replayed after the first when variables take over buffers (Keras' slots): their
-# chunks move every step, and so does the rounding; the highest step counts
-MOVING_STEPS = 12
+# chunks move every step, and so does the rounding; the highest step counts. The layout
+# wanders for dozens of steps before it settles, if it does (Keras' VGG16 step of the model
+# sweep: replayed peaks of 70-83 MiB over 12 steps, 98 MiB at step 46; measured steps of
+# 61-104 MiB over 110), so a training run's first 110 steps, TF's warm-up and the start of
+# its steady state, are replayed, fewer where that would replay more than MOVING_EVENTS
+# events (never fewer than MIN_MOVING_STEPS)
+MOVING_STEPS = 110
+MIN_MOVING_STEPS = 12
+MOVING_EVENTS = 20_000_000
 
 
 def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: str | None,
@@ -100,12 +107,21 @@ def _replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: s
 
 def _highest_moving_step(events: list[tuple], persistent: list[tuple[str, int]],
                          host: str | None) -> int:
-    """The highest peak of MOVING_STEPS steps after the first, variables taking over
-    buffers as the events say."""
+    """The highest peak of the steps after the first (`moving_steps`), variables taking
+    over buffers as the events say."""
+    steps = moving_steps(len(events))
+    if native is not None:
+        return native.replay_moving(events, persistent, host, steps)
     allocators, owned, hosted = _allocators(events, persistent, host)
     _run_step(events, allocators, owned, hosted, False)
     return max(_run_step(events, allocators, owned, hosted, False).peak
-               for _ in range(MOVING_STEPS))
+               for _ in range(steps))
+
+
+def moving_steps(events: int) -> int:
+    """How many steps after the first a step of `events` allocator events is replayed
+    with its variables moving."""
+    return max(MIN_MOVING_STEPS, min(MOVING_STEPS, MOVING_EVENTS // max(events, 1)))
 
 
 def _allocators(events: list[tuple], persistent: list[tuple[str, int]], host: str | None
