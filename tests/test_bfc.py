@@ -116,3 +116,46 @@ def test_an_assign_that_reads_its_value_last_moves_it_into_the_variable(monkeypa
     adopted = [[e for e in events if len(e) == 3] for events in seen]
     assert len(adopted[0]) == 1 and adopted[0][0][1:] == (0, ADOPT)
     assert adopted[1] == []
+
+
+def test_an_update_that_copies_its_variable_moves_it_to_the_copy(monkeypatch):
+    """Copy-on-write: `AssignAddVariableOp` on a weight the step still holds a read of
+    writes a new buffer, which the variable keeps; its old chunk is freed with the read's
+    last reader. The replay hands the copy to the variable at that point (an adopt event
+    before the copy's free) when the sizes match, and leaves updates in place alone."""
+    import graphmem.analysis.memory as memory
+    from graphmem.analysis.bfc import ADOPT
+    from tests.graphbuilder import G
+
+    seen = []
+    real = memory.replay_step
+    monkeypatch.setattr(memory, "replay_step",
+                        lambda events, *rest: seen.append(list(events)) or real(events, *rest))
+
+    def weight_update(read_still_needed: bool) -> None:
+        g = G()
+        v = g.op("w", "VarHandleOp", shape=(), dtype=20)
+        v.attr["dtype"].type = 1
+        v.attr["shape"].shape.dim.add(size=65536)
+        g.op("read", "ReadVariableOp", "w", shape=(65536,))
+        g.op("x", "Placeholder", shape=(65536,))
+        g.op("y", "Mul", "read", "x", shape=(65536,))
+        g.op("delta", "Neg", "y", shape=(65536,))
+        if read_still_needed:  # the read is consumed after the update
+            g.op("update", "AssignAddVariableOp", "w", "delta", n_out=0)
+            g.op("late", "Relu", "read", "^update", shape=(65536,))
+        else:
+            g.op("update", "AssignAddVariableOp", "w", "delta", n_out=0)
+        memory.estimate_memory(g.index(), schedule="topological")
+
+    weight_update(True)
+    weight_update(False)
+    moves = [[e for e in events if len(e) == 3] for events in seen]
+    assert len(moves[0]) == 1 and moves[0][0][1:] == (0, ADOPT)
+    copy = moves[0][0][0]
+    events = seen[0]
+    # the copy is allocated by the update, and handed over just before its own free
+    assert any(len(e) == 4 and e[0] == copy for e in events)
+    at = events.index(moves[0][0])
+    assert events[at + 1] == (copy, None)
+    assert moves[1] == []  # written in place: nothing moves

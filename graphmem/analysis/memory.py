@@ -411,6 +411,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     with the variable and the variable's old chunk is freed (`variable_keys`: variable
     op -> its place in `persistent` and its bytes). Keras' optimizers write their slots so,
     every step: the allocator's chunks move from step to step (bfc.py replays several).
+    An update that has to copy its variable (a read of it is still to be consumed:
+    copy-on-write) moves it too: the copy, allocated by the update, stays with the
+    variable, and the variable's old chunk is freed with the last of those reads (Keras'
+    `AssignAddVariableOp` on each weight, while the step still holds a read of it).
 
     `timing` (start and end time of each position, two threads): the allocator's events
     are put in time order, each op's frees at its end (`_in_time`)."""
@@ -451,6 +455,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     sizes = index.output_sizes(batch_size)  # the same lists, without a call per op
     variable_reads = _VariableReads()
     reads_of, held_by = variable_reads.reads_of, variable_reads.held_by
+    # copy-on-write buffers -> their variable's place in `persistent`: at their free the
+    # variable keeps the copy and its old chunk is freed (the replay's adopt event)
+    moved_at_free: dict[Tensor, int] = {}
     # per op type, asked once per op rather than once per output (see _OpKind)
     kinds: dict[str, _OpKind] = {}
     ref_outputs = _ref_outputs(index)
@@ -485,6 +492,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                 if b:
                     if events is not None:
                         events.append(((i, _COW - j), dev, b, p))
+                        key = variable_keys.get(h[0]) if variable_keys else None
+                        if key is not None and allocation_bytes(key[1]) == \
+                                allocation_bytes(b):
+                            moved_at_free[(i, _COW - j)] = key[0]
                     if track_lives and dev != host:
                         born[(i, _COW - j)] = p
                     live += usage.add(dev, b)
@@ -647,6 +658,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                         lifetimes.append((buf, b, since, p))
                 if b:
                     if events is not None:
+                        if moved_at_free and buf in moved_at_free:  # before its free
+                            events.append((buf, moved_at_free.pop(buf), ADOPT))
                         events.append((buf, None))
                     else:
                         d = device_of[buf[0]]
