@@ -75,7 +75,7 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
     `persistent[k]`, whose chunk is freed (the buffer's own free is then left alone).
     With such events the allocator's state differs from step to step: `peak` is replayed
     with the variables kept in place (the same every time: it ranks plans), `highest` is
-    the highest of that and of MOVING_STEPS steps after the first with the variables
+    the highest of that and of the steps after the first (`moving_steps`) with the variables
     moving (what a training run may reach). `host`'s allocator is left out of `peak`."""
     try:
         return _replay_step(events, persistent, host, keep_timeline)
