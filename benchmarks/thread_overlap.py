@@ -1,0 +1,129 @@
+"""How much of a step runs ops side by side: `python -m benchmarks.thread_overlap MODEL`.
+
+Trains MODEL (any format `graphmem verify` runs) for `--step` steps at `--threads`
+inter-op threads and records the last under TensorFlow's profiler (host level 2: every
+kernel TF counts as expensive). Prints the step's wall time split by how many kernels ran
+at once (0, 1, 2, ...), each op type's total kernel time, and the ops that ran alone
+longest: where a second inter-op thread bought nothing. Run it on an original and on its
+rewrite to see which of the rewrite's ops lost the overlap the original had (a recompute
+segment, or two gradient ops an ordering edge put one after the other); graphmem's
+two-thread walk (analysis/schedule.py) models the same thing, and this is what it is
+checked against.
+
+    python -m benchmarks.thread_overlap MODEL --batch N [--threads 2] [--step 3] [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass
+class Overlap:
+    step_seconds: float
+    by_running: dict[int, float]  # kernels running at once -> seconds of the step
+    by_type: list[tuple[str, float]]  # op type -> seconds of kernel time, largest first
+    alone: list[tuple[str, float]]  # op -> seconds it ran with no other kernel, longest first
+
+
+def _kernels(path: str) -> list[tuple[int, int, str]]:
+    """(start, end in ps, "op name:op type") of every kernel on TF's compute threads."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    out = []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for e in line.events:
+                name = names[e.metadata_id].name
+                # kernels are "op name:op type"; the executor's own events have no colon
+                # or a C++ scope ("ExecutorState::Process", "ThreadpoolListener::...")
+                if name.count(":") != 1:
+                    continue
+                start = line.timestamp_ns * 1000 + e.offset_ps
+                out.append((start, start + e.duration_ps, name))
+    return out
+
+
+def overlap(kernels: list[tuple[int, int, str]], step_seconds: float, top: int) -> Overlap:
+    """The step's time by kernels running at once, and each kernel's time alone."""
+    edges = sorted([(s, 1, i) for i, (s, _, _) in enumerate(kernels)] +
+                   [(e, -1, i) for i, (_, e, _) in enumerate(kernels)])
+    running: set[int] = set()
+    by_running: Counter = Counter()
+    alone: Counter = Counter()
+    last = None
+    for t, d, i in edges:
+        if last is not None and t > last:
+            by_running[len(running)] += t - last
+            if len(running) == 1:
+                (only,) = running
+                alone[kernels[only][2]] += t - last
+        if d == 1:
+            running.add(i)
+        else:
+            running.discard(i)
+        last = t
+    by_type: Counter = Counter()
+    for s, e, name in kernels:
+        by_type[name.rsplit(":", 1)[1]] += e - s
+    ps = 1e12
+    return Overlap(step_seconds, {k: v / ps for k, v in sorted(by_running.items())},
+                   [(k, v / ps) for k, v in by_type.most_common(top)],
+                   [(k, v / ps) for k, v in alone.most_common(top)])
+
+
+def trace(path: str, batch: int, threads: int, step: int, top: int) -> Overlap:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    from benchmarks.measure import open_runner
+
+    runner, feeds = open_runner(path, batch, threads)
+    for n in range(step - 1):
+        runner.step(feeds(n))
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir, options=options)
+        record = runner.step(feeds(step - 1))
+        tf.profiler.experimental.stop()
+        (found,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+        kernels = _kernels(found)
+    runner.close()
+    if not kernels:
+        raise SystemExit("no kernels were recorded")
+    return overlap(kernels, record.seconds, top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--step", type=int, default=3, help="the step traced (1 = the first)")
+    ap.add_argument("--top", type=int, default=15)
+    a = ap.parse_args()
+    o = trace(a.model, a.batch, a.threads, a.step, a.top)
+    print(f"step: {o.step_seconds:.2f} s (under the profiler)")
+    print("kernels running at once: " +
+          ", ".join(f"{k}: {v:.2f} s" for k, v in o.by_running.items()))
+    print("kernel time by op type: " + ", ".join(f"{k} {v:.2f} s" for k, v in o.by_type))
+    print("ran alone longest:")
+    for name, secs in o.alone:
+        print(f"  {secs:6.2f} s  {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
