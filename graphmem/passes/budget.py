@@ -816,6 +816,10 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
                 f"forward pass's FLOPs against {best.extra_flops / pick.forward:.0%}, and "
                 f"recompute above {MEMORY_FREE_RECOMPUTE:.0%} of them costs more step time "
                 "than that peak is worth")
+    if pick.lifted:
+        note += (f"; it recomputes more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
+                 "pass's FLOPs: every plan tried under that share peaks more than "
+                 f"{MEMORY_CAP_MAX_COST - 1:.0%} higher")
     if pick.capped:
         note += (f"; plans recomputing more than {MEMORY_MAX_RECOMPUTE:.0%} of the forward "
                  "pass's FLOPs left out (a lower peak at a slower step: `graphmem plan` "
@@ -842,6 +846,9 @@ class MemoryPick:
     forward: int | None = None  # the forward pass's FLOPs, when known
     # the step-time cap left out a plan that peaks lower (MEMORY_MAX_STEP_TIME)
     slowed: bool = False
+    # the FLOPs cap was lifted (every plan under it peaks more than MEMORY_CAP_MAX_COST
+    # times the lowest) and the plan written recomputes more than it allows
+    lifted: bool = False
 
 
 def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
@@ -866,6 +873,7 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         # kernels: with both lifted, its plan modelled 1.49x at two threads measured
         # 1.38x; see MEMORY_MAX_STEP_TIME)
         affordable, cap = fast_runs or runs, math.inf
+    lifted = math.isinf(cap) and forward is not None
 
     def fast(r: BudgetCandidate) -> bool:
         return not timed or not _too_slow(r, base_times)
@@ -918,7 +926,9 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     lower = [r for r in runs if r.after.peak_bytes < best.after.peak_bytes]
     capped = any(r.extra_flops > cap for r in lower)
     slowed = any(r.extra_flops <= cap and not fast(r) for r in lower)
-    return MemoryPick(best, runs, capped, base, traded, forward if traded else None, slowed)
+    lifted = lifted and best.extra_flops > MEMORY_MAX_RECOMPUTE * forward
+    return MemoryPick(best, runs, capped, base, traded, forward if traded else None, slowed,
+                      lifted)
 
 
 def _too_slow(run: BudgetCandidate, base: StepTimes | None) -> bool:
