@@ -299,6 +299,136 @@ static int event_fields(PyObject *ev, Py_ssize_t *size) {
     return 0;
 }
 
+/* The allocators of a step's devices, the persistent buffers allocated first (their chunks'
+ * handles in `owned`, when given), and which one is `host`'s (-1: none). */
+static int step_allocators(Allocators *all, PyObject *events, PyObject *persistent,
+                           PyObject *host, long long *owned, Py_ssize_t *hosted) {
+    all->index = PyDict_New();
+    if (!all->index) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(persistent); i++) {
+        PyObject *dev, *nbytes;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(persistent, i), "OO", &dev, &nbytes)) return -1;
+        Py_ssize_t a = allocator_of(all, dev, 1);
+        if (a < 0) return -1;
+        long long b = PyLong_AsLongLong(nbytes);
+        if (b == -1 && PyErr_Occurred()) return -1;
+        int32_t chunk = bfc_allocate(&all->items[a], b);
+        if (chunk < 0) return -1;
+        if (owned) owned[i] = ((long long)a << 32) | (uint32_t)chunk;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        Py_ssize_t len;
+        if (event_fields(ev, &len) < 0) return -1;
+        if (len < 1) {
+            PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
+            return -1;
+        }
+        if (len == 4 && allocator_of(all, PyTuple_GET_ITEM(ev, 1), 1) < 0) return -1;
+    }
+    *hosted = -1;
+    if (host != Py_None) {
+        PyObject *found = PyDict_GetItemWithError(all->index, host);
+        if (found) *hosted = PyLong_AsSsize_t(found);
+        else if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static void clear_allocators(Allocators *all) {
+    Py_XDECREF(all->index);
+    for (Py_ssize_t a = 0; a < all->len; a++) bfc_clear(&all->items[a]);
+    PyMem_Free(all->items);
+}
+
+/* bfc._run_step: one step through the allocators from their state; its peak above what
+ * was in use when it began (and the position of the event that reached it), the bytes in
+ * use at each mark appended to `timeline` (when given). An adopt event (buffer, k, ADOPT)
+ * hands the buffer to variable k of `owned` and frees the variable's old chunk (without
+ * `owned`, np = 0, such events are not expected). What the step leaves allocated is freed
+ * at its end. */
+static int run_step(Allocators *all, PyObject *events, Py_ssize_t hosted, long long *owned,
+                    Py_ssize_t np, PyObject *timeline, int64_t *peak, int64_t *peak_pos) {
+    int rc = -1;
+    PyObject *handles = PyDict_New();
+    if (!handles) return -1;
+    int64_t step = 0;
+    for (Py_ssize_t a = 0; a < all->len; a++)
+        if (a != hosted) step += all->items[a].in_use;
+    int64_t start = step;
+    *peak = *peak_pos = 0;
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        Py_ssize_t len = PyTuple_GET_SIZE(ev);
+        if (len == 4) {
+            Py_ssize_t a = allocator_of(all, PyTuple_GET_ITEM(ev, 1), 0);
+            if (a < 0) goto done;
+            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
+            if (b == -1 && PyErr_Occurred()) goto done;
+            BFC *alloc = &all->items[a];
+            int64_t before = alloc->in_use;
+            int32_t chunk = bfc_allocate(alloc, b);
+            if (chunk < 0) goto done;
+            PyObject *h = handle(a, chunk);
+            if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
+                Py_XDECREF(h);
+                goto done;
+            }
+            Py_DECREF(h);
+            if (a != hosted) {
+                step += alloc->in_use - before;
+                if (step - start > *peak) {
+                    *peak = step - start;
+                    *peak_pos = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 3));
+                    if (*peak_pos == -1 && PyErr_Occurred()) goto done;
+                }
+            }
+        } else if (len == 1) {
+            if (timeline) {
+                PyObject *v = PyLong_FromLongLong(step - start);
+                if (!v || PyList_Append(timeline, v) < 0) {
+                    Py_XDECREF(v);
+                    goto done;
+                }
+                Py_DECREF(v);
+            }
+        } else {
+            PyObject *found = NULL;
+            if (dict_pop(handles, PyTuple_GET_ITEM(ev, 0), &found) < 0) goto done;
+            if (!found) continue;
+            long long v = PyLong_AsLongLong(found);
+            Py_DECREF(found);
+            if (v == -1 && PyErr_Occurred()) goto done;
+            if (len == 3) { /* the variable takes the buffer; its old chunk is freed */
+                Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 1));
+                if (k == -1 && PyErr_Occurred()) goto done;
+                if (k < 0 || k >= np) {
+                    PyErr_SetString(PyExc_IndexError, "replay_step: no such variable");
+                    goto done;
+                }
+                long long old = owned[k];
+                owned[k] = v;
+                v = old;
+            }
+            Py_ssize_t a = (Py_ssize_t)(v >> 32);
+            BFC *alloc = &all->items[a];
+            int64_t before = alloc->in_use;
+            if (bfc_free(alloc, (int32_t)(v & 0xffffffffLL)) < 0) goto done;
+            if (a != hosted) step += alloc->in_use - before;
+        }
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(handles, &pos, &key, &value)) {
+        if (free_handle(all, value) < 0) goto done;
+    }
+    rc = 0;
+done:
+    Py_DECREF(handles);
+    return rc;
+}
+
 /* bfc.replay_step: the first step (grows the regions), then the measured one */
 static PyObject *replay_step(PyObject *self, PyObject *args) {
     PyObject *events, *persistent, *host;
@@ -307,147 +437,47 @@ static PyObject *replay_step(PyObject *self, PyObject *args) {
                           &host, &keep_timeline))
         return NULL;
     Allocators all = {NULL, NULL, 0, 0};
-    PyObject *handles = NULL, *timeline = NULL, *peak_dev = NULL, *result = NULL;
-    int64_t *base = NULL;
-    all.index = PyDict_New();
-    if (!all.index) goto done;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(persistent); i++) {
-        PyObject *item = PyList_GET_ITEM(persistent, i);
-        PyObject *dev, *nbytes;
-        if (!PyArg_ParseTuple(item, "OO", &dev, &nbytes)) goto done;
-        Py_ssize_t a = allocator_of(&all, dev, 1);
-        if (a < 0) goto done;
-        long long b = PyLong_AsLongLong(nbytes);
-        if (b == -1 && PyErr_Occurred()) goto done;
-        if (bfc_allocate(&all.items[a], b) < 0) goto done;
+    PyObject *timeline = NULL, *peak_dev = NULL, *result = NULL;
+    int64_t *base = NULL, peak, peak_pos;
+    Py_ssize_t hosted;
+    if (step_allocators(&all, events, persistent, host, NULL, &hosted) < 0) goto done;
+    if (run_step(&all, events, hosted, NULL, 0, NULL, &peak, &peak_pos) < 0) goto done;
+    base = PyMem_Calloc((size_t)all.len + 1, sizeof(int64_t));
+    if (!base) {
+        PyErr_NoMemory();
+        goto done;
     }
-    Py_ssize_t n = PyList_GET_SIZE(events);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ev = PyList_GET_ITEM(events, i);
-        Py_ssize_t len;
-        if (event_fields(ev, &len) < 0) goto done;
-        if (len == 4 && allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 1) < 0) goto done;
-    }
-    Py_ssize_t hosted = -1;
-    if (host != Py_None) {
-        PyObject *found = PyDict_GetItemWithError(all.index, host);
-        if (found) hosted = PyLong_AsSsize_t(found);
-        else if (PyErr_Occurred()) goto done;
-    }
-    /* the first step: the allocators' regions grow to what it needs */
-    for (int measured = 0; measured < 2; measured++) {
-        int64_t step = 0, start = 0, peak = 0, peak_pos = 0;
-        Py_CLEAR(handles);
-        handles = PyDict_New();
-        if (!handles) goto done;
-        if (measured) {
-            base = PyMem_Calloc((size_t)all.len + 1, sizeof(int64_t));
-            if (!base) {
-                PyErr_NoMemory();
+    for (Py_ssize_t a = 0; a < all.len; a++) base[a] = all.items[a].peak = all.items[a].in_use;
+    if (keep_timeline && !(timeline = PyList_New(0))) goto done;
+    if (run_step(&all, events, hosted, NULL, 0, timeline, &peak, &peak_pos) < 0) goto done;
+    peak_dev = PyDict_New();
+    if (!peak_dev) goto done;
+    PyObject *dev, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(all.index, &pos, &dev, &value)) {
+        Py_ssize_t a = PyLong_AsSsize_t(value);
+        if (all.items[a].peak > base[a]) {
+            PyObject *v = PyLong_FromLongLong(all.items[a].peak - base[a]);
+            if (!v || PyDict_SetItem(peak_dev, dev, v) < 0) {
+                Py_XDECREF(v);
                 goto done;
             }
-            for (Py_ssize_t a = 0; a < all.len; a++) {
-                base[a] = all.items[a].peak = all.items[a].in_use;
-                if (a != hosted) step += all.items[a].in_use;
-            }
-            start = step;
-            if (keep_timeline && !(timeline = PyList_New(0))) goto done;
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *ev = PyList_GET_ITEM(events, i);
-            Py_ssize_t len = PyTuple_GET_SIZE(ev);
-            if (len == 4) {
-                Py_ssize_t a = allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 0);
-                if (a < 0) goto done;
-                long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
-                if (b == -1 && PyErr_Occurred()) goto done;
-                BFC *alloc = &all.items[a];
-                int64_t before = alloc->in_use;
-                int32_t chunk = bfc_allocate(alloc, b);
-                if (chunk < 0) goto done;
-                PyObject *h = handle(a, chunk);
-                if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
-                    Py_XDECREF(h);
-                    goto done;
-                }
-                Py_DECREF(h);
-                if (measured && a != hosted) {
-                    step += alloc->in_use - before;
-                    if (step - start > peak) {
-                        peak = step - start;
-                        peak_pos = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 3));
-                        if (peak_pos == -1 && PyErr_Occurred()) goto done;
-                    }
-                }
-            } else if (len == 1) {
-                if (measured && keep_timeline) {
-                    PyObject *v = PyLong_FromLongLong(step - start);
-                    if (!v || PyList_Append(timeline, v) < 0) {
-                        Py_XDECREF(v);
-                        goto done;
-                    }
-                    Py_DECREF(v);
-                }
-            } else if (len == 2 || measured) {
-                PyObject *found = NULL;
-                if (len < 1) {
-                    PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
-                    goto done;
-                }
-                if (dict_pop(handles, PyTuple_GET_ITEM(ev, 0), &found) < 0) goto done;
-                if (found) {
-                    long long v = PyLong_AsLongLong(found);
-                    Py_DECREF(found);
-                    if (v == -1 && PyErr_Occurred()) goto done;
-                    Py_ssize_t a = (Py_ssize_t)(v >> 32);
-                    BFC *alloc = &all.items[a];
-                    int64_t before = alloc->in_use;
-                    if (bfc_free(alloc, (int32_t)(v & 0xffffffffLL)) < 0) goto done;
-                    if (measured && a != hosted) step += alloc->in_use - before;
-                }
-            }
-        }
-        if (!measured) { /* everything the first step allocated is free again */
-            PyObject *key, *value;
-            Py_ssize_t pos = 0;
-            while (PyDict_Next(handles, &pos, &key, &value)) {
-                if (free_handle(&all, value) < 0) goto done;
-            }
-        } else {
-            peak_dev = PyDict_New();
-            if (!peak_dev) goto done;
-            PyObject *dev, *value;
-            Py_ssize_t pos = 0;
-            while (PyDict_Next(all.index, &pos, &dev, &value)) {
-                Py_ssize_t a = PyLong_AsSsize_t(value);
-                if (all.items[a].peak > base[a]) {
-                    PyObject *v = PyLong_FromLongLong(all.items[a].peak - base[a]);
-                    if (!v || PyDict_SetItem(peak_dev, dev, v) < 0) {
-                        Py_XDECREF(v);
-                        goto done;
-                    }
-                    Py_DECREF(v);
-                }
-            }
-            int64_t host_peak = hosted >= 0 ? all.items[hosted].peak - base[hosted] : 0;
-            result = Py_BuildValue("LLOLO", (long long)peak, (long long)peak_pos, peak_dev,
-                                   (long long)host_peak, timeline ? timeline : Py_None);
+            Py_DECREF(v);
         }
     }
+    int64_t host_peak = hosted >= 0 ? all.items[hosted].peak - base[hosted] : 0;
+    result = Py_BuildValue("LLOLO", (long long)peak, (long long)peak_pos, peak_dev,
+                           (long long)host_peak, timeline ? timeline : Py_None);
 done:
-    Py_XDECREF(handles);
     Py_XDECREF(timeline);
     Py_XDECREF(peak_dev);
-    Py_XDECREF(all.index);
-    for (Py_ssize_t a = 0; a < all.len; a++) bfc_clear(&all.items[a]);
-    PyMem_Free(all.items);
+    clear_allocators(&all);
     PyMem_Free(base);
     return result;
 }
 
-/* bfc._highest_moving_step: the first step, then `steps` measured ones, each variable's chunk
- * handed over to the buffer an adopt event (buffer, k, ADOPT) names and the old chunk freed;
- * returns the highest measured step's peak */
+/* bfc._highest_moving_step: the first step, then `steps` measured ones, variables taking
+ * over buffers as the adopt events say; returns the highest measured step's peak */
 static PyObject *replay_moving(PyObject *self, PyObject *args) {
     PyObject *events, *persistent, *host;
     Py_ssize_t steps;
@@ -455,108 +485,19 @@ static PyObject *replay_moving(PyObject *self, PyObject *args) {
                           &host, &steps))
         return NULL;
     Allocators all = {NULL, NULL, 0, 0};
-    PyObject *handles = NULL, *result = NULL;
-    Py_ssize_t np = PyList_GET_SIZE(persistent), n = PyList_GET_SIZE(events);
+    PyObject *result = NULL;
+    Py_ssize_t np = PyList_GET_SIZE(persistent), hosted;
     long long *owned = PyMem_Calloc((size_t)np + 1, sizeof(long long));
     if (!owned) return PyErr_NoMemory();
-    all.index = PyDict_New();
-    if (!all.index) goto done;
-    for (Py_ssize_t i = 0; i < np; i++) {
-        PyObject *dev, *nbytes;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(persistent, i), "OO", &dev, &nbytes)) goto done;
-        Py_ssize_t a = allocator_of(&all, dev, 1);
-        if (a < 0) goto done;
-        long long b = PyLong_AsLongLong(nbytes);
-        if (b == -1 && PyErr_Occurred()) goto done;
-        int32_t chunk = bfc_allocate(&all.items[a], b);
-        if (chunk < 0) goto done;
-        owned[i] = ((long long)a << 32) | (uint32_t)chunk;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ev = PyList_GET_ITEM(events, i);
-        Py_ssize_t len;
-        if (event_fields(ev, &len) < 0) goto done;
-        if (len < 1) {
-            PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
-            goto done;
-        }
-        if (len == 4 && allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 1) < 0) goto done;
-    }
-    Py_ssize_t hosted = -1;
-    if (host != Py_None) {
-        PyObject *found = PyDict_GetItemWithError(all.index, host);
-        if (found) hosted = PyLong_AsSsize_t(found);
-        else if (PyErr_Occurred()) goto done;
-    }
-    int64_t highest = 0;
+    if (step_allocators(&all, events, persistent, host, owned, &hosted) < 0) goto done;
+    int64_t highest = 0, peak, peak_pos;
     for (Py_ssize_t s = 0; s <= steps; s++) {
-        int64_t step = 0, start, peak = 0;
-        Py_CLEAR(handles);
-        handles = PyDict_New();
-        if (!handles) goto done;
-        for (Py_ssize_t a = 0; a < all.len; a++)
-            if (a != hosted) step += all.items[a].in_use;
-        start = step;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *ev = PyList_GET_ITEM(events, i);
-            Py_ssize_t len = PyTuple_GET_SIZE(ev);
-            if (len == 4) {
-                Py_ssize_t a = allocator_of(&all, PyTuple_GET_ITEM(ev, 1), 0);
-                if (a < 0) goto done;
-                long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
-                if (b == -1 && PyErr_Occurred()) goto done;
-                BFC *alloc = &all.items[a];
-                int64_t before = alloc->in_use;
-                int32_t chunk = bfc_allocate(alloc, b);
-                if (chunk < 0) goto done;
-                PyObject *h = handle(a, chunk);
-                if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
-                    Py_XDECREF(h);
-                    goto done;
-                }
-                Py_DECREF(h);
-                if (a != hosted) {
-                    step += alloc->in_use - before;
-                    if (step - start > peak) peak = step - start;
-                }
-            } else if (len == 2 || len == 3) {
-                PyObject *found = NULL;
-                if (dict_pop(handles, PyTuple_GET_ITEM(ev, 0), &found) < 0) goto done;
-                if (!found) continue;
-                long long v = PyLong_AsLongLong(found);
-                Py_DECREF(found);
-                if (v == -1 && PyErr_Occurred()) goto done;
-                if (len == 3) { /* the variable takes the buffer; its old chunk is freed */
-                    Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 1));
-                    if (k == -1 && PyErr_Occurred()) goto done;
-                    if (k < 0 || k >= np) {
-                        PyErr_SetString(PyExc_IndexError, "replay_moving: no such variable");
-                        goto done;
-                    }
-                    long long old = owned[k];
-                    owned[k] = v;
-                    v = old;
-                }
-                Py_ssize_t a = (Py_ssize_t)(v >> 32);
-                BFC *alloc = &all.items[a];
-                int64_t before = alloc->in_use;
-                if (bfc_free(alloc, (int32_t)(v & 0xffffffffLL)) < 0) goto done;
-                if (a != hosted) step += alloc->in_use - before;
-            }
-        }
-        PyObject *key, *value;
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(handles, &pos, &key, &value)) {
-            if (free_handle(&all, value) < 0) goto done;
-        }
+        if (run_step(&all, events, hosted, owned, np, NULL, &peak, &peak_pos) < 0) goto done;
         if (s > 0 && peak > highest) highest = peak;
     }
     result = PyLong_FromLongLong(highest);
 done:
-    Py_XDECREF(handles);
-    Py_XDECREF(all.index);
-    for (Py_ssize_t a = 0; a < all.len; a++) bfc_clear(&all.items[a]);
-    PyMem_Free(all.items);
+    clear_allocators(&all);
     PyMem_Free(owned);
     return result;
 }

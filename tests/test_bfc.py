@@ -93,10 +93,7 @@ def test_an_assign_that_reads_its_value_last_moves_it_into_the_variable(monkeypa
     from graphmem.analysis.bfc import ADOPT
     from tests.graphbuilder import G
 
-    seen = []
-    real = memory.replay_step
-    monkeypatch.setattr(memory, "replay_step",
-                        lambda events, *rest: seen.append(list(events)) or real(events, *rest))
+    seen = _replayed_events(monkeypatch)
 
     def slot_update(extra_reader: bool) -> None:
         g = G()
@@ -127,10 +124,7 @@ def test_an_update_that_copies_its_variable_moves_it_to_the_copy(monkeypatch):
     from graphmem.analysis.bfc import ADOPT
     from tests.graphbuilder import G
 
-    seen = []
-    real = memory.replay_step
-    monkeypatch.setattr(memory, "replay_step",
-                        lambda events, *rest: seen.append(list(events)) or real(events, *rest))
+    seen = _replayed_events(monkeypatch)
 
     def weight_update(read_still_needed: bool) -> None:
         g = G()
@@ -159,3 +153,14 @@ def test_an_update_that_copies_its_variable_moves_it_to_the_copy(monkeypatch):
     at = events.index(moves[0][0])
     assert events[at + 1] == (copy, None)
     assert moves[1] == []  # written in place: nothing moves
+
+
+def _replayed_events(monkeypatch) -> list[list[tuple]]:
+    """The allocator events of every step the simulation replays from now on."""
+    import graphmem.analysis.memory as memory
+
+    seen: list[list[tuple]] = []
+    real = memory.replay_step
+    monkeypatch.setattr(memory, "replay_step",
+                        lambda events, *rest: seen.append(list(events)) or real(events, *rest))
+    return seen

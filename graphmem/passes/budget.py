@@ -598,8 +598,8 @@ LATE_COPY_TRIES = 8  # plans that may peak lowest with late copies, besides the 
 MEMORY_MAX_RECOMPUTE = 0.8
 # ... unless the caps cost more than this share of the peak: the plans they leave out peak
 # lower than every plan under them by more (highest estimated steps compared); then the
-# FLOPs cap is lifted, and the step-time cap (MEMORY_MAX_STEP_TIME) stays while a plan meets it. Keras'
-# ResNet50 as a TF2 train step at 224 px, batch 32: the cap left out the plan estimated
+# FLOPs cap is lifted, and the step-time cap (MEMORY_MAX_STEP_TIME) stays while a plan
+# meets it. Keras' ResNet50 as a TF2 train step at 224 px, batch 32: the cap left out the plan estimated
 # 1103 MiB for one estimated 1485 MiB, and measured 0.45 | 0.46x at 1.15 | 1.06x step time
 # against the plan left out, 0.35 | 0.35x at 1.18 | 1.24x. tf-slim ResNet-50 v1 keeps its
 # cap (787 against 668 MiB: the plan left out measured 1.39x at two threads).
@@ -865,7 +865,11 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         [min(runs, key=lambda r: r.extra_flops)]
     fast_runs = [r for r in runs if not _too_slow(r, base_times)]
     timed = bool(fast_runs)  # no plan is fast enough: the time cap is not met, not kept
-    affordable = [r for r in within if not timed or not _too_slow(r, base_times)] or within
+
+    def fast(r: BudgetCandidate) -> bool:
+        return not timed or not _too_slow(r, base_times)
+
+    affordable = [r for r in within if fast(r)] or within
     if min(r.after.estimated_bytes for r in affordable) > \
             MEMORY_CAP_MAX_COST * min(r.after.estimated_bytes for r in runs):
         # the caps cost far more than a few percent: the FLOPs cap is lifted, the step-time
@@ -873,11 +877,6 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
         # kernels: with both lifted, its plan modelled 1.49x at two threads measured
         # 1.38x; see MEMORY_MAX_STEP_TIME)
         affordable, cap = fast_runs or runs, math.inf
-    lifted = math.isinf(cap) and forward is not None
-
-    def fast(r: BudgetCandidate) -> bool:
-        return not timed or not _too_slow(r, base_times)
-
     base = _least_recompute_lowest(affordable)
     # late copies of the chosen plan and of the LATE_COPY_TRIES plans that could peak
     # lowest with them: late copies free recomputed copies alone, so a plan whose peak less
@@ -926,7 +925,8 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     lower = [r for r in runs if r.after.peak_bytes < best.after.peak_bytes]
     capped = any(r.extra_flops > cap for r in lower)
     slowed = any(r.extra_flops <= cap and not fast(r) for r in lower)
-    lifted = lifted and best.extra_flops > MEMORY_MAX_RECOMPUTE * forward
+    lifted = forward is not None and math.isinf(cap) and \
+        best.extra_flops > MEMORY_MAX_RECOMPUTE * forward
     return MemoryPick(best, runs, capped, base, traded, forward if traded else None, slowed,
                       lifted)
 
