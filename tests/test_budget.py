@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from graphmem.analysis.schedule import StepTimes
 from graphmem.passes import budget as budget_mod
 from graphmem.passes.budget import Units, model_peak, parse_budget, profile, solve_budget
 from graphmem.rewrite import RewriteOptions, rewrite_file
@@ -629,3 +630,81 @@ def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
         assert pick.best.choice.late_copies and pick.best.after.peak_bytes == late_peak
     else:
         assert pick.best is lowest
+
+
+class _LeadRunner:
+    """A stand-in whose plan's peak falls as segments stop leading: `peaks` by the set of
+    segments taken out of the lead, and the copies of `at_peak` live at that peak."""
+
+    def __init__(self, peaks, at_peak, segments=5):
+        self.peaks, self.at_peak, self.segments, self.tried = peaks, at_peak, segments, []
+
+    def apply(self, choice):
+        self.tried.append(choice.unled)
+        return choice
+
+    def measure(self, choice):
+        from graphmem.analysis.memory import LiveTensor, MemoryEstimate
+
+        unled = frozenset(choice.unled)
+        live = [LiveTensor(f"block_{s}/conv/graphmem_recompute_s{s}:0", 10, None)
+                for s in self.at_peak.get(unled, ())]
+        live.append(LiveTensor("block_9/conv:0", 10, None))  # not a copy
+        est = MemoryEstimate(self.peaks[unled], 0, 0, "", live)
+        # the more segments lead, the shorter the modelled two-thread step
+        est.step_times = StepTimes(100.0, 100.0 - 5 * (self.segments - len(unled)))
+        return est, 10
+
+    def restore(self):
+        pass
+
+    def held_ahead(self, choice):
+        return choice.lead and len(choice.unled) < self.segments
+
+
+def test_partial_lead_takes_the_lead_from_segments_at_the_peak():
+    """The lead is taken, round by round, from the segments whose copies are live at the
+    estimated peak, until the peak is the plan's without leads; the other segments keep
+    theirs (faster with two inter-op threads). A partial lead that stays above that peak
+    is not a candidate."""
+    from graphmem.analysis.memory import MemoryEstimate
+    from graphmem.passes.checkpoints import CheckpointChoice
+
+    f = frozenset
+    peaks = {f(): 100, f({0, 1}): 90, f({0, 1, 2}): 81, f({0, 1, 2, 3}): 80}
+    at_peak = {f(): [0, 1], f({0, 1}): [1, 2], f({0, 1, 2}): [3]}
+    runner = _LeadRunner(peaks, at_peak)
+    choice = CheckpointChoice("memory", [])
+    led = budget_mod._try(runner, "memory", choice)
+    unled = budget_mod.BudgetCandidate("memory", replace(choice, lead=False), None,
+                                       MemoryEstimate(80, 0, 0, ""), 10)
+    unled.after.step_times = StepTimes(100.0, 100.0)
+    partial = budget_mod._partial_lead(runner, led, unled)
+    assert partial.choice.lead and partial.choice.unled == (0, 1, 2, 3)
+    assert partial.after.peak_bytes == 80
+    assert runner.tried == [(), (0, 1), (0, 1, 2), (0, 1, 2, 3)]  # stopped at 80
+    # one segment still leading is modelled 5% faster; not enough when 6% is asked
+    assert partial.after.step_times.two_threads == 95.0
+    runner = _LeadRunner(peaks, at_peak)
+    led = budget_mod._try(runner, "memory", choice)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(budget_mod, "PARTIAL_LEAD_MIN_GAIN", 0.06)
+        assert budget_mod._partial_lead(runner, led, unled) is None
+    # no round reaches the plan without leads (segment 3 never live at a peak)
+    at_peak[f({0, 1, 2})] = [1]
+    runner = _LeadRunner(peaks, at_peak)
+    led = budget_mod._try(runner, "memory", choice)
+    assert budget_mod._partial_lead(runner, led, unled) is None
+    assert runner.tried == [(), (0, 1), (0, 1, 2)]
+    # a lead that costs no peak is kept whole: nothing tried
+    runner.tried.clear()
+    cheap = replace(unled, after=MemoryEstimate(99, 0, 0, ""))
+    assert budget_mod._partial_lead(runner, led, cheap) is None and not runner.tried
+    # no copy at the peak: nothing to take the lead from
+    runner = _LeadRunner({f(): 100}, {})
+    led = budget_mod._try(runner, "memory", choice)
+    assert budget_mod._partial_lead(runner, led, unled) is None
+    # every segment taken out: the plan without leads, already tried
+    runner = _LeadRunner({f(): 100, f(range(5)): 80}, {f(): range(5)})
+    led = budget_mod._try(runner, "memory", choice)
+    assert budget_mod._partial_lead(runner, led, unled) is None

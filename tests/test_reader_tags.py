@@ -7,7 +7,13 @@ from __future__ import annotations
 from graphmem.analysis.activations import analyze_forward
 from graphmem.analysis.arithmetic_groups import family
 from graphmem.analysis.regions import analyze_regions
-from graphmem.graph.names import copy_name, is_copy, made_by_graphmem, original_name
+from graphmem.graph.names import (
+    copy_name,
+    copy_segment,
+    is_copy,
+    made_by_graphmem,
+    original_name,
+)
 from graphmem.passes.reader_tags import GRAPPLER_TAGS, apply_reader_tags
 from graphmem.passes.recompute import apply_recompute
 from tests.graphbuilder import G
@@ -72,6 +78,11 @@ def test_copies_are_named_after_their_originals():
     assert is_copy(name) and made_by_graphmem(name)
     assert original_name(name) == "block/conv/Relu"
     assert not is_copy("block/conv/Relu") and original_name("a/b") == "a/b"
+    # the segment of a first copy, with or without its output index; none for the rest
+    assert copy_segment(copy_name("block/conv/Relu", "s12")) == 12
+    assert copy_segment(copy_name("block/conv/Relu", "s3") + ":1") == 3
+    assert copy_segment(name) is None and copy_segment("block/s3:0") is None
+    assert copy_segment(copy_name("a", "tcpu0s3")) is None
     # sorted among other names, a copy stays beside its original
     names = ["block/conv/Relu", "block/bn/add_1", "gradient_tape/block/mul", "z"]
     ranks = sorted([*names, name]).index

@@ -258,3 +258,33 @@ def test_no_lead_trigger_that_would_close_a_cycle():
     first = min(s.index for s in plan.segments)
     assert [s.ahead for s in plan.segments if s.index == first] == [False]
     assert sum(s.ahead for s in plan.segments) >= len(plan.segments) - 2
+
+
+def test_unled_segments_wait_for_their_own_gradient():
+    """`unled` takes the lead from the segments it names alone: they are held back by
+    their own backward ops, as without a lead, and every other segment keeps the trigger
+    one segment ahead it has with the lead."""
+
+    def rewritten(**kw):
+        g = chain_training_graph(36, batch=256)
+        ix = _index(g)
+        regions = analyze_regions(ix)
+        facts = analyze_forward(ix, regions)
+        choice = choose_checkpoints("memory", ix, regions, facts, None)
+        plan = apply_recompute(ix, regions, facts, choice.tensors, **kw)
+        _index(g)  # raises on a cycle
+        return plan
+
+    led, plain = rewritten(), rewritten(lead=False)
+    ahead = [s.index for s in led.segments if s.ahead]
+    assert len(ahead) >= 3
+    unled = tuple(ahead[::2])
+    partial = rewritten(unled=unled)
+    own = {s.index: s.triggers for s in plain.segments}
+    lead = {s.index: s.triggers for s in led.segments}
+    assert {s.index for s in partial.segments} == set(own)
+    for seg in partial.segments:
+        if seg.index in unled:
+            assert not seg.ahead and seg.triggers == own[seg.index]
+        else:
+            assert seg.ahead == (seg.index in ahead) and seg.triggers == lead[seg.index]

@@ -253,3 +253,29 @@ def test_late_copies_train_identically(name, tmp_path, monkeypatch):
         # held back: a backward op is among its ancestors
         assert index.ancestors([c]) & regions.backward, index.names[c]
     _assert_trains_identically(src, out)
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
+def test_partial_lead_trains_identically(name, tmp_path, monkeypatch):
+    """A plan whose lead is taken from some segments (the memory policy's partial lead,
+    budget.py _partial_lead): those wait for their own gradient ops, the others are held
+    one segment ahead, and training is bit for bit the same."""
+    from graphmem.passes import checkpoints
+
+    real = checkpoints.choose_checkpoints
+    unled: list[int] = []
+
+    def partial(*a, **k):
+        choice = real(*a, **k)
+        choice.unled = (0, 2)  # the first and the third segment wait for their own readers
+        unled.extend(choice.unled)
+        return choice
+
+    monkeypatch.setattr("graphmem.rewrite.choose_checkpoints", partial)
+    src, out, res = _rewrite(name, tmp_path, "speed")
+    segments = res.plan.segments
+    assert unled and segments
+    waiting = [s for s in segments if s.index in unled]
+    assert waiting and not any(s.ahead for s in waiting)
+    assert any(s.ahead for s in segments if s.index not in unled)
+    _assert_trains_identically(src, out)

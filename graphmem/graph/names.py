@@ -12,6 +12,7 @@ import re
 # multiply a gradient's operands in another order than the original's (rounding differs)
 COPY_SCOPE = "graphmem_recompute"
 _COPY_SUFFIX = re.compile(r"/" + COPY_SCOPE + r"_[A-Za-z0-9_]+$")
+_FIRST_COPY = re.compile(r"/" + COPY_SCOPE + r"_s([0-9]+)(?::[0-9]+)?$")
 # every op a pass adds has a name component starting with this (graphmem_recompute/,
 # graphmem_swap/, .../graphmem_in_place/, ...)
 OWN_PREFIX = "graphmem_"
@@ -69,6 +70,13 @@ def copy_name(original: str, segment: str) -> str:
     """The name of the copy of op `original` that recomputes it for `segment` (`s3`,
     `s3_late1`, a tower's `tcpu0s3`)."""
     return f"{original}/{COPY_SCOPE}_{segment}"
+
+
+def copy_segment(name: str) -> int | None:
+    """The segment number of a recompute copy's first copy (`.../graphmem_recompute_s3`,
+    with or without an output index): None for any other op, a late copy or a tower's."""
+    m = _FIRST_COPY.search(name)
+    return int(m.group(1)) if m else None
 
 
 def is_copy(name: str) -> bool:

@@ -42,6 +42,9 @@ class CheckpointChoice:
     # inter-op threads but keeps two segments' values alive at once; False: each segment
     # waits for its own readers' inputs (the memory policy tries both)
     lead: bool = True
+    # with `lead`: segments that wait for their own readers all the same (the memory
+    # policy's partial lead: those whose copies a lead kept alive at the estimated peak)
+    unled: tuple[int, ...] = ()
     # cheap targets the rest of their segment is recomputed from get a second copy for
     # their own backward readers (recompute.py, _late_targets; the memory policy tries it)
     late_copies: bool = False

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from graphmem.analysis.activations import ForwardFacts
@@ -90,13 +91,15 @@ class RecomputePlan(PassPlan):
 def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
                     checkpoints: list[Tensor], batch_size: int | None = None,
                     lead: bool = True, late_copies: bool = False,
-                    weight_grads_first: bool = True) -> RecomputePlan:
+                    weight_grads_first: bool = True,
+                    unled: Collection[int] = ()) -> RecomputePlan:
     """Rewrite index.graph_def in place. The index is stale afterwards; rebuild it.
     `lead`: hold segments back one segment ahead (see the module's docstring); without it
     each waits for the inputs of its own backward readers. `late_copies`: a cheap target
     that the rest of its segment is recomputed from gets a second copy for its own
     backward readers (`_late_targets`); with `weight_grads_first`, a weight gradient among
-    them reads a copy of its own and runs first (`_readers_first`)."""
+    them reads a copy of its own and runs first (`_readers_first`). `unled`: segment
+    numbers that wait for their own readers even with `lead`."""
     plan = RecomputePlan()
     recomputable = facts.recomputable
     trees = regrouped_trees(index)
@@ -179,7 +182,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     # (2-tower MLP: 30.5 -> 26.5 MiB measured, same step time at one inter-op thread)
     leads = {} if several or not lead else _lead_triggers(index, regions, groups, batch_size)
     for n, group in enumerate(groups):
-        if group.late:
+        if group.late or group.seg in unled:
             leads.pop(n, None)  # a late copy waits for its own readers' inputs
     for n, group in enumerate(groups):
         group.triggers = leads.get(n) or group.own
@@ -903,4 +906,4 @@ class RecomputePass(Pass):
         return apply_recompute(context.index, context.original_regions, context.facts,
                                context.choice.tensors, context.options.batch_size,
                                context.choice.lead, context.choice.late_copies,
-                               context.choice.weight_grads_first)
+                               context.choice.weight_grads_first, context.choice.unled)
