@@ -16,11 +16,10 @@ The estimate takes ops of at most 4 KiB for inline ones in its steady order
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
-import tempfile
 from collections import defaultdict
+
+from benchmarks.profiled_step import events, profiled_steps
 
 ELEMENTWISE = {"Mul", "AddV2", "Sub", "RealDiv", "Relu6", "Relu6Grad", "ReluGrad", "Relu",
                "AddN", "Sqrt", "Square", "Rsqrt", "RsqrtGrad", "Neg", "SquaredDifference",
@@ -32,37 +31,12 @@ BUCKETS = [0, 1 << 10, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 
 
 def traced_ops(path: str, batch: int, step: int) -> set[str]:
     """Names (as in the graph) of the ops the profiler traced as expensive."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    from benchmarks.measure import open_runner
-
-    runner, feeds = open_runner(path, batch, 1)
-    for n in range(step - 1):
-        runner.step(feeds(n))
     found: set[str] = set()
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
-    for k in range(3):
-        with tempfile.TemporaryDirectory() as logdir:
-            tf.profiler.experimental.start(logdir, options=options)
-            runner.step(feeds(step - 1 + k))
-            tf.profiler.experimental.stop()
-            (file,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-            space = xplane_pb2.XSpace()
-            with open(file, "rb") as f:
-                space.ParseFromString(f.read())
-        for plane in space.planes:
-            names = plane.event_metadata
-            for line in plane.lines:
-                if not line.name.startswith("tf_"):
-                    continue
-                for e in line.events:
-                    name = names[e.metadata_id].name
-                    if ":" in name and not name.startswith("Memory"):
-                        op = name.rsplit(":", 1)[0]
-                        found.add(op.replace("StatefulPartitionedCall/", "", 1))
-    runner.close()
+    for space in profiled_steps(path, batch, 1, step, count=3, host_tracer_level=2)[1]:
+        for _, _, _, name in events(space, "tf_"):
+            if ":" in name and not name.startswith("Memory"):
+                op = name.rsplit(":", 1)[0]
+                found.add(op.replace("StatefulPartitionedCall/", "", 1))
     return found
 
 

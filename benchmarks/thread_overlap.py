@@ -16,12 +16,11 @@ checked against.
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
+
+from benchmarks.profiled_step import events, profiled_steps
 
 
 @dataclass
@@ -32,27 +31,16 @@ class Overlap:
     alone: list[tuple[str, float]]  # op -> seconds it ran with no other kernel, longest first
 
 
-def _kernels(path: str) -> list[tuple[int, int, str]]:
+def _kernels(space) -> list[tuple[int, int, str]]:
     """(start, end in ps, "op name:op type") of every kernel on TF's compute threads."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
     out = []
-    for plane in space.planes:
-        names = plane.event_metadata
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for e in line.events:
-                name = names[e.metadata_id].name
-                # kernels are "op name:op type"; the executor's own events have no colon
-                # or a C++ scope ("ExecutorState::Process", "ThreadpoolListener::...")
-                if name.count(":") != 1:
-                    continue
-                start = line.timestamp_ns * 1000 + e.offset_ps
-                out.append((start, start + e.duration_ps, name))
+    for _, line, e, name in events(space, "tf_Compute"):
+        # kernels are "op name:op type"; the executor's own events have no colon or a C++
+        # scope ("ExecutorState::Process", "ThreadpoolListener::...")
+        if name.count(":") != 1:
+            continue
+        start = line.timestamp_ns * 1000 + e.offset_ps
+        out.append((start, start + e.duration_ps, name))
     return out
 
 
@@ -85,22 +73,8 @@ def overlap(kernels: list[tuple[int, int, str]], step_seconds: float, top: int) 
 
 
 def trace(path: str, batch: int, threads: int, step: int, top: int) -> Overlap:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    from benchmarks.measure import open_runner
-
-    runner, feeds = open_runner(path, batch, threads)
-    for n in range(step - 1):
-        runner.step(feeds(n))
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir, options=options)
-        record = runner.step(feeds(step - 1))
-        tf.profiler.experimental.stop()
-        (found,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        kernels = _kernels(found)
-    runner.close()
+    (record,), (space,) = profiled_steps(path, batch, threads, step, host_tracer_level=2)
+    kernels = _kernels(space)
     if not kernels:
         raise SystemExit("no kernels were recorded")
     return overlap(kernels, record.seconds, top)

@@ -21,13 +21,11 @@ remain).
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
+from benchmarks.profiled_step import events, profiled_steps
 from graphmem.units import format_bytes
 
 
@@ -48,45 +46,37 @@ class PeakTrace:
     live: list[Buffer]  # allocated during the step and live at the peak, largest first
 
 
-def _events(path: str):
-    """(time in ps, kind, stats) of every allocator event in an XSpace file."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
+def _events(space):
+    """(time in ps, kind, stats) of every allocator event in an XSpace."""
     out = []
-    for plane in space.planes:
-        names, stat_names = plane.event_metadata, plane.stat_metadata
-        for line in plane.lines:
-            for e in line.events:
-                kind = names[e.metadata_id].name
-                if kind not in ("MemoryAllocation", "MemoryDeallocation"):
-                    continue
-                stats = {}
-                for s in e.stats:
-                    key = stat_names[s.metadata_id].name
-                    which = s.WhichOneof("value")
-                    value = getattr(s, which) if which else None
-                    if which == "ref_value":
-                        value = stat_names[s.ref_value].name
-                    stats[key] = value
-                out.append((line.timestamp_ns * 1000 + e.offset_ps, kind, stats))
+    for plane, line, e, kind in events(space):
+        if kind not in ("MemoryAllocation", "MemoryDeallocation"):
+            continue
+        stat_names = plane.stat_metadata
+        stats = {}
+        for s in e.stats:
+            key = stat_names[s.metadata_id].name
+            which = s.WhichOneof("value")
+            value = getattr(s, which) if which else None
+            if which == "ref_value":
+                value = stat_names[s.ref_value].name
+            stats[key] = value
+        out.append((line.timestamp_ns * 1000 + e.offset_ps, kind, stats))
     out.sort(key=lambda x: x[0])
     return out
 
 
-def replay(path: str) -> PeakTrace:
+def replay(space) -> PeakTrace:
     """The step's highest point and the buffers live at it, from the allocator's events."""
-    events = _events(path)
+    allocator_events = _events(space)
     # TF may log more than one allocator (oneDNN's own, for a buffer or two): their
     # counters are their own; the step's tensors are the busiest allocator's
-    counts = Counter(st.get("allocator_name") for _, _, st in events)
+    counts = Counter(st.get("allocator_name") for _, _, st in allocator_events)
     main = counts.most_common(1)[0][0] if counts else None
     live: dict[int, Buffer] = {}
     best: tuple[int, str, list[Buffer]] | None = None
     resident = None
-    for _, kind, st in events:
+    for _, kind, st in allocator_events:
         if st.get("allocator_name") != main:
             continue
         in_use = int(st.get("bytes_allocated") or 0)
@@ -109,23 +99,9 @@ def replay(path: str) -> PeakTrace:
 
 
 def trace(path: str, batch: int, threads: int, step: int) -> PeakTrace:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    from benchmarks.measure import open_runner
-
-    runner, feeds = open_runner(path, batch, threads)
-    for n in range(step - 1):
-        runner.step(feeds(n))
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        record = runner.step(feeds(step - 1))
-        tf.profiler.experimental.stop()
-        (found,) = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
-        result = replay(found)
-    runner.close()
+    (record,), (space,) = profiled_steps(path, batch, threads, step)
     print(f"measured step peak (allocator statistics): {format_bytes(record.peak_bytes)}")
-    return result
+    return replay(space)
 
 
 def main() -> None:

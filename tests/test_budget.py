@@ -476,7 +476,6 @@ def test_memory_policy_leaves_out_plans_whose_modelled_step_is_too_slow(monkeypa
     slow the cap is not kept; and without the original's times there is no cap."""
     import graphmem.analysis.cost as cost
     from graphmem.analysis.memory import MemoryEstimate
-    from graphmem.analysis.schedule import StepTimes
     from graphmem.passes.checkpoints import CheckpointChoice
 
     monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
@@ -509,7 +508,6 @@ def test_memory_policy_keeps_the_time_cap_where_the_flops_cap_costs_too_much(mon
     step time; the 43% plan the time cap keeps measured 0.36 | 0.35x at 1.14 | 1.22x."""
     import graphmem.analysis.cost as cost
     from graphmem.analysis.memory import MemoryEstimate
-    from graphmem.analysis.schedule import StepTimes
     from graphmem.passes.checkpoints import CheckpointChoice
 
     monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
