@@ -44,9 +44,38 @@ def open_runner(path: str, batch: int, threads: int, tag: str | None = None,
     return runner, feeds
 
 
+# where a feed's NumPy array starts, modulo 64 bytes: TF aliases an array aligned to 64
+# bytes (outside its allocator) and copies any other into its allocator
+FEED_OFFSETS = {"aligned": 0, "misaligned": 16}
+
+
+def placed(value, offset: int):
+    """A copy of NumPy array `value` starting `offset` bytes past a 64-byte boundary."""
+    import numpy as np
+
+    buf = np.empty(value.nbytes + 128, np.uint8)
+    start = (offset - buf.ctypes.data) % 64
+    out = buf[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    out[...] = value
+    return out
+
+
 def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | None = None,
-                 grappler_memory: str | None = None, warmup: int = 0) -> dict:
-    runner, feeds = open_runner(path, batch, threads, tag, grappler_memory)
+                 grappler_memory: str | None = None, warmup: int = 0,
+                 feed_alignment: str = "as-made") -> dict:
+    """`feed_alignment`: "aligned" or "misaligned" places every NumPy feed so (see
+    FEED_OFFSETS); "as-made" feeds the arrays as the runner makes them."""
+    runner, made = open_runner(path, batch, threads, tag, grappler_memory)
+    offset = FEED_OFFSETS.get(feed_alignment)
+
+    def feeds(step: int):
+        values = made(step)
+        if offset is None:
+            return values
+        if isinstance(values, dict):
+            return {k: placed(v, offset) for k, v in values.items()}
+        return [placed(v, offset) for v in values]
+
     records = [runner.step(feeds(step)) for step in range(warmup + steps)]
     digest = variables_digest(runner.variables())
     runner.close()
@@ -106,9 +135,12 @@ def main() -> None:
     ap.add_argument("--tag")
     ap.add_argument("--grappler-memory")
     ap.add_argument("--warmup", type=int, default=0, help="steps run before the measured ones")
+    ap.add_argument("--feed-alignment", choices=["as-made", *FEED_OFFSETS], default="as-made",
+                    help="place every NumPy feed 64-byte aligned (TF aliases it) or not "
+                         "(TF copies it into its allocator)")
     a = ap.parse_args()
     print(json.dumps(measure_here(a.model, a.batch, a.threads, a.steps, a.tag,
-                                  a.grappler_memory, a.warmup)))
+                                  a.grappler_memory, a.warmup, a.feed_alignment)))
 
 
 if __name__ == "__main__":
