@@ -1,7 +1,7 @@
 """Measure one graph's training step in a fresh process: `python -m benchmarks.measure MODEL`.
 
 Prints one JSON line: the median step peak above resident memory (first step left out), the
-median step time, every step's loss and peak, and a digest of the variables after the run
+median step time, every step's loss, peak and wall time, and a digest of the variables after the run
 (equal losses and digests: trained bit for bit alike). Separate processes matter: the executor's order of independent ops,
 and with it the peak, changes from one process to the next.
 
@@ -86,6 +86,9 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
     return {"peak": run.measured_peak_bytes, "seconds": run.median_step_seconds,
             "losses": [r.loss for r in records[warmup:]], "highest": highest,
             "steps": [r.peak_bytes for r in records],  # every step's, the first included
+            # every step's wall seconds, the first included: when a run's step time
+            # settles (TF's warm-up, the allocator's growth) as `steps` shows its peak's
+            "step_seconds": [round(r.seconds, 4) for r in records],
             "digest": digest}
 
 

@@ -19,3 +19,17 @@ def test_placed_arrays_start_where_asked_and_hold_the_same_values(alignment, dty
         assert out.ctypes.data % 64 == FEED_OFFSETS[alignment]
         assert out.dtype == value.dtype and out.shape == value.shape
         assert np.array_equal(out, value)
+
+
+def test_every_step_has_its_wall_time_and_peak():
+    """`step_seconds` and `steps` hold one entry per step run, warm-up steps included, in
+    order: where a run's step time settles is read from them."""
+    from benchmarks.measure import measure_here
+    from tests.conftest import fixture_path
+
+    out = measure_here(str(fixture_path("mlp")), 8, 1, steps=3, warmup=2)
+    assert len(out["step_seconds"]) == len(out["steps"]) == 5
+    assert all(s > 0 for s in out["step_seconds"])
+    assert len(out["losses"]) == 3  # the measured steps' alone
+    measured = sorted(out["step_seconds"][2:])
+    assert measured[0] <= out["seconds"] <= measured[-1]
