@@ -19,7 +19,7 @@ import argparse
 import sys
 from collections import defaultdict
 
-from benchmarks.profiled_step import events, profiled_steps
+from benchmarks.profiled_step import events, profiled_steps, step_ops
 
 ELEMENTWISE = {"Mul", "AddV2", "Sub", "RealDiv", "Relu6", "Relu6Grad", "ReluGrad", "Relu",
                "AddN", "Sqrt", "Square", "Rsqrt", "RsqrtGrad", "Neg", "SquaredDifference",
@@ -42,15 +42,10 @@ def traced_ops(path: str, batch: int, step: int) -> set[str]:
 
 def counts(path: str, batch: int, traced: set[str]) -> dict:
     """(class, bucket) -> [not traced, traced] over the ops of the step."""
-    from graphmem.analysis.regions import analyze_regions
-    from graphmem.formats import load_model
-    from graphmem.graph.workspace import Workspace
-
-    ws = Workspace.open(load_model(path), batch_size=batch)
-    index = ws.index
+    index, step = step_ops(path, batch)
     sizes = index.output_sizes(batch)
     out: dict = defaultdict(lambda: [0, 0])
-    for i in analyze_regions(index, None, batch).step_nodes(index):
+    for i in step:
         op = index.ops[i]
         kind = "element-wise" if op in ELEMENTWISE else "reduction" if op in REDUCTIONS \
             else None

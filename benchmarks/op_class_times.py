@@ -23,11 +23,10 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-from benchmarks.profiled_step import events, profiled_steps
+from benchmarks.profiled_step import kernels, profiled_steps, step_ops
 
 CLASSES = ("conv_forward", "filter_gradient", "input_gradient", "matmul", "batch_norm",
            "batch_norm_gradient", "pooling", "other")
-_FORWARD_CONVS = {"Conv2D", "_FusedConv2D", "DepthwiseConv2dNative", "Conv3D"}
 
 
 def op_class(op_type: str) -> str:
@@ -37,7 +36,7 @@ def op_class(op_type: str) -> str:
         return "filter_gradient"
     if "BackpropInput" in op_type:
         return "input_gradient"
-    if op_type in _FORWARD_CONVS or "Conv" in op_type:
+    if "Conv" in op_type:
         return "conv_forward"
     if "MatMul" in op_type:
         return "matmul"
@@ -75,23 +74,16 @@ def measured_by_class(path: str, batch: int, step: int) -> dict[str, float]:
     """Kernel seconds per class of one traced step at one inter-op thread."""
     found: Counter = Counter()
     for space in profiled_steps(path, batch, 1, step, host_tracer_level=2)[1]:
-        for _, _, e, name in events(space, "tf_Compute"):
-            if name.count(":") != 1:  # kernels are "op name:op type"
-                continue
-            found[op_class(name.rsplit(":", 1)[1])] += e.duration_ps / 1e12
+        for start, end, name in kernels(space):
+            found[op_class(name.rsplit(":", 1)[1])] += (end - start) / 1e12
     return dict(found)
 
 
 def modelled_by_class(path: str, batch: int) -> dict[str, float]:
     """cost.op_times units per class over the step's ops."""
     from graphmem.analysis.cost import op_times
-    from graphmem.analysis.regions import analyze_regions
-    from graphmem.formats import load_model
-    from graphmem.graph.workspace import Workspace
 
-    ws = Workspace.open(load_model(path), batch_size=batch)
-    index = ws.index
-    nodes = analyze_regions(index, None, batch).step_nodes(index)
+    index, nodes = step_ops(path, batch)
     times = op_times(index, nodes, batch)
     found: Counter = Counter()
     for i in nodes:

@@ -1,7 +1,8 @@
 """Training steps recorded under TensorFlow's profiler, for the benchmarks that read what
 TF did in a step (`trace_peak`: the allocator's events; `thread_overlap`: when each
-kernel ran; `inline_ops`: which kernels TF counted as expensive). One way to run, record
-and read them, so that the three see the same steps."""
+kernel ran; `inline_ops`: which kernels TF counted as expensive; `op_class_times`: how
+long each kernel took), and the graph's own step ops they compare it with. One way to
+run, record and read them, so that the four see the same steps."""
 
 from __future__ import annotations
 
@@ -57,3 +58,27 @@ def events(space, line_prefix: str = "") -> Iterator[tuple[object, object, objec
                 continue
             for e in line.events:
                 yield plane, line, e, names[e.metadata_id].name
+
+
+def kernels(space) -> list[tuple[int, int, str]]:
+    """(start, end in ps, "op name:op type") of every kernel on TF's compute threads."""
+    out = []
+    for _, line, e, name in events(space, "tf_Compute"):
+        # kernels are "op name:op type"; the executor's own events have no colon or a C++
+        # scope ("ExecutorState::Process", "ThreadpoolListener::...")
+        if name.count(":") != 1:
+            continue
+        start = line.timestamp_ns * 1000 + e.offset_ps
+        out.append((start, start + e.duration_ps, name))
+    return out
+
+
+def step_ops(path: str, batch: int):
+    """(graph index, ids of the step's ops) of MODEL at `path`, as graphmem sees the step
+    at this batch size: what the traced kernels are compared with."""
+    from graphmem.analysis.regions import analyze_regions
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    index = Workspace.open(load_model(path), batch_size=batch).index
+    return index, analyze_regions(index, None, batch).step_nodes(index)

@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-from benchmarks.profiled_step import events, profiled_steps
+from benchmarks.profiled_step import kernels, profiled_steps
 
 
 @dataclass
@@ -29,19 +29,6 @@ class Overlap:
     by_running: dict[int, float]  # kernels running at once -> seconds of the step
     by_type: list[tuple[str, float]]  # op type -> seconds of kernel time, largest first
     alone: list[tuple[str, float]]  # op -> seconds it ran with no other kernel, longest first
-
-
-def _kernels(space) -> list[tuple[int, int, str]]:
-    """(start, end in ps, "op name:op type") of every kernel on TF's compute threads."""
-    out = []
-    for _, line, e, name in events(space, "tf_Compute"):
-        # kernels are "op name:op type"; the executor's own events have no colon or a C++
-        # scope ("ExecutorState::Process", "ThreadpoolListener::...")
-        if name.count(":") != 1:
-            continue
-        start = line.timestamp_ns * 1000 + e.offset_ps
-        out.append((start, start + e.duration_ps, name))
-    return out
 
 
 def overlap(kernels: list[tuple[int, int, str]], step_seconds: float, top: int) -> Overlap:
@@ -74,10 +61,10 @@ def overlap(kernels: list[tuple[int, int, str]], step_seconds: float, top: int) 
 
 def trace(path: str, batch: int, threads: int, step: int, top: int) -> Overlap:
     (record,), (space,) = profiled_steps(path, batch, threads, step, host_tracer_level=2)
-    kernels = _kernels(space)
-    if not kernels:
+    found = kernels(space)
+    if not found:
         raise SystemExit("no kernels were recorded")
-    return overlap(kernels, record.seconds, top)
+    return overlap(found, record.seconds, top)
 
 
 def main() -> None:
