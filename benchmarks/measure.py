@@ -88,7 +88,7 @@ def measure_here(path: str, batch: int, threads: int, steps: int, tag: str | Non
             "steps": [r.peak_bytes for r in records],  # every step's, the first included
             # every step's wall seconds, the first included: when a run's step time
             # settles (TF's warm-up, the allocator's growth) as `steps` shows its peak's
-            "step_seconds": [round(r.seconds, 4) for r in records],
+            "step_seconds": [r.seconds for r in records],
             "digest": digest}
 
 
