@@ -622,7 +622,7 @@ MEMORY_CAP_MAX_COST = 1.25
 # the one recomputing 61% (600 MiB) 0.29 | 0.27x at 1.24 | 1.31x. Keras' ResNet50V2 at 224
 # px, batch 32, where TF runs Eigen's kernels: the plan recomputing 79% (estimated 736 MiB
 # over the replay with the variables in place) 0.30 | 0.33x at 1.20 | 1.41x (the round
-# no other job overlapped; benchmarks.md), the one
+# no other job overlapped; docs/findings.md), the one
 # recomputing 43% (825 MiB) 0.37 | 0.38x at 1.07 | 1.20x. The weight is the least that
 # trades both plans measured above 1.35x at two threads for the cheaper ones, and keeps
 # Keras' ResNet50's whole-forward plan (measured 0.35 | 0.35x at 1.18 | 1.24x, its cheaper
@@ -635,8 +635,8 @@ MEMORY_RECOMPUTE_WEIGHT = 0.7
 # above this multiple of the original's, when any plan tried is not. FLOPs alone miss what
 # two threads lose: a segment recomputed just before its own gradient ops runs alone, on
 # the step's critical path, where the original runs a filter gradient beside its input
-# gradient. Measured side by side (docs/benchmarks.md, "Step time at two inter-op
-# threads"), where TF runs Eigen's kernels, at batch 8: Keras' VGG16 planned at batch 32,
+# gradient. Measured side by side (docs/findings.md, "The modelled step-time
+# cap"), where TF runs Eigen's kernels, at batch 8: Keras' VGG16 planned at batch 32,
 # the plan recomputing block 1 twice, each segment just before its gradient ops, modelled
 # 1.17 | 1.48x at 1 | 2 threads, measured 1.12 | 1.50x; the plan this cap writes instead
 # modelled 1.05 | 1.14x, measured 1.00 | 1.24x. The model is rough: tf-slim VGG-16's
