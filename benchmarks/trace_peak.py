@@ -15,7 +15,11 @@ not split a free chunk when less than twice the request and less than 128 MiB wo
 remain).
 
     python -m benchmarks.trace_peak MODEL --batch N [--threads 1] [--step 3] [--top 15]
-                                    [--estimate]
+                                    [--estimate] [--at OP]
+
+`--at OP` prints what was live when the op named OP (a graph node name) allocated, at its
+highest point, instead of at the step's peak: where the estimate's peak is at another op
+than the measured one, what TF held there.
 """
 
 from __future__ import annotations
@@ -66,9 +70,23 @@ def _events(space):
     return out
 
 
-def replay(space) -> PeakTrace:
-    """The step's highest point and the buffers live at it, from the allocator's events."""
-    allocator_events = _events(space)
+def replay(space, at: str | None = None) -> PeakTrace:
+    """The step's highest point and the buffers live at it, from the allocator's events;
+    with `at`, the highest point among the allocations of that op (see peak_of)."""
+    return peak_of(_events(space), at)
+
+
+def _is_op(tf_op: str, at: str) -> bool:
+    """Is `tf_op` (as the profiler names it: inside a function, with the call's prefix) the
+    op named `at` in the graph?"""
+    return tf_op == at or tf_op.endswith("/" + at)
+
+
+def peak_of(allocator_events: list, at: str | None = None) -> PeakTrace:
+    """The highest point of the allocator's bytes in use over `allocator_events` ((time,
+    kind, stats) in time order), and the buffers live then; with `at`, the highest point
+    reached by an allocation of the op named `at` (what was live when it ran, to set beside
+    the estimate's live set there)."""
     # TF may log more than one allocator (oneDNN's own, for a buffer or two): their
     # counters are their own; the step's tensors are the busiest allocator's
     counts = Counter(st.get("allocator_name") for _, _, st in allocator_events)
@@ -88,20 +106,24 @@ def replay(space) -> PeakTrace:
             if resident is None:
                 resident = in_use - buf.chunk
             live[addr] = buf
+            if at is not None and not _is_op(buf.op, at):
+                continue
             if best is None or in_use > best[0]:
                 best = (in_use, buf.op, list(live.values()))
         else:
             live.pop(addr, None)
     if best is None:
-        raise SystemExit("no allocator events were recorded")
+        raise SystemExit("no allocator events were recorded" if at is None else
+                         f"no allocation of an op named {at!r} was recorded")
     return PeakTrace(best[0], resident or 0, best[1],
                      sorted(best[2], key=lambda b: -b.chunk))
 
 
-def trace(path: str, batch: int, threads: int, step: int) -> PeakTrace:
+def trace(path: str, batch: int, threads: int, step: int, at: str | None = None
+          ) -> PeakTrace:
     (record,), (space,) = profiled_steps(path, batch, threads, step)
     print(f"measured step peak (allocator statistics): {format_bytes(record.peak_bytes)}")
-    return replay(space)
+    return replay(space, at)
 
 
 def main() -> None:
@@ -114,11 +136,15 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--estimate", action="store_true",
                     help="print graphmem's estimated peak and live set beside it")
+    ap.add_argument("--at", metavar="OP",
+                    help="what was live when the op named OP allocated (its highest point) "
+                         "instead of at the step's peak")
     a = ap.parse_args()
-    t = trace(a.model, a.batch, a.threads, a.step)
+    t = trace(a.model, a.batch, a.threads, a.step, a.at)
     over = t.peak_in_use - t.resident
     rounding = sum(b.chunk - b.requested for b in t.live)
-    print(f"traced peak above resident: {format_bytes(over)}, at {t.op}; "
+    what = "traced peak" if a.at is None else "traced bytes in use"
+    print(f"{what} above resident: {format_bytes(over)}, at {t.op}; "
           f"{len(t.live)} buffers of the step live, {format_bytes(rounding)} of it chunk "
           "rounding")
     for b in t.live[:a.top]:
