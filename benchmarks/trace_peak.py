@@ -70,12 +70,6 @@ def _events(space):
     return out
 
 
-def replay(space, at: str | None = None) -> PeakTrace:
-    """The step's highest point and the buffers live at it, from the allocator's events;
-    with `at`, the highest point among the allocations of that op (see peak_of)."""
-    return peak_of(_events(space), at)
-
-
 def _is_op(tf_op: str, at: str) -> bool:
     """Is `tf_op` (as the profiler names it: inside a function, with the call's prefix) the
     op named `at` in the graph?"""
@@ -123,7 +117,7 @@ def trace(path: str, batch: int, threads: int, step: int, at: str | None = None
           ) -> PeakTrace:
     (record,), (space,) = profiled_steps(path, batch, threads, step)
     print(f"measured step peak (allocator statistics): {format_bytes(record.peak_bytes)}")
-    return replay(space, at)
+    return peak_of(_events(space), at)
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """benchmarks/trace_peak.py: the highest point of a step's allocator events, overall and at
 one op (what was live when that op allocated)."""
 
+import pytest
+
 from benchmarks.trace_peak import peak_of
 
 
@@ -42,8 +44,6 @@ def test_at_an_op_what_was_live_when_it_allocated():
 
 
 def test_an_op_never_allocating_is_an_error():
-    import pytest
-
     for at in ("rad/c", "d"):
         with pytest.raises(SystemExit, match="no allocation of an op named"):
             peak_of(EVENTS, at=at)
