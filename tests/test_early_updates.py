@@ -1,9 +1,12 @@
 """Early updates change the order of a step, never a value."""
 
+import pytest
+
 from benchmarks.synthetic import chain_training_graph
 from graphmem.analysis.regions import analyze_regions
 from graphmem.formats import load_model
 from graphmem.graph.index import GraphIndex
+from graphmem.graph.names import is_copy
 from graphmem.graph.opdefs import OpRegistry
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.early_updates import apply_early_updates
@@ -149,3 +152,35 @@ def test_a_reduction_of_a_large_input_passes_its_wait_on_to_its_readers():
                    if index.id_of["apply_beta"] in index.control_inputs[c]]
         # 64 x 64 reduced to 64 is a reduction worth letting run; 8 x 8 to 8 is not
         assert waiting == [target], (side, waiting)
+
+
+@pytest.mark.tf
+def test_no_update_waits_on_ops_tf_merges(tmp_path):
+    """A dense head recomputed for the backward pass leaves the forward `MatMul` and
+    `BiasAdd` unordered with the updates of their variables; an edge from them to the
+    updates (to spare a copy of the variable) kept Grappler's remapper from merging them
+    into one `_FusedMatMul` as it merges the original's, and the unmerged pair rounds
+    otherwise. Updates of resource variables do not wait on such ops."""
+    from unittest import mock
+
+    import graphmem.passes.early_updates as early_updates
+    from graphmem.rewrite import RewriteOptions, rewrite_file
+    from tests.tf2_steps import save_squeeze_excite_step
+
+    src = save_squeeze_excite_step(tmp_path / "se", side=32)
+    options = RewriteOptions("names", ["/conv[01][^/]*/convolution:0$",
+                                       "/se_reduce[01][^/]*/BiasAdd:0$"], 4, keep_worse=True)
+
+    def head_edges(out):
+        index = Workspace.open(load_model(out)).index
+        head = [i for i, n in enumerate(index.names)
+                if "dense" in n and index.ops[i] in ("MatMul", "BiasAdd")
+                and "gradient" not in n and not is_copy(n)]
+        assert len(head) == 2
+        return [index.names[c] for i in head for c in index.control_consumers[i]]
+
+    rewrite_file(src, tmp_path / "out", options)
+    assert head_edges(tmp_path / "out") == []
+    with mock.patch.object(early_updates, "in_merged_chain", lambda *args: False):
+        rewrite_file(src, tmp_path / "edges", options)
+    assert head_edges(tmp_path / "edges")  # the rule is what keeps them off

@@ -9,11 +9,13 @@ of the original at best; 0.26x with them counted as backward)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from graphmem.analysis.regions import analyze_regions
 from graphmem.formats import load_model
+from graphmem.graph.names import is_copy, original_name
 from graphmem.graph.workspace import Workspace
 from graphmem.rewrite import RewriteOptions, rewrite_file
 from graphmem.runtime.train_runner import RunSpec
@@ -54,7 +56,8 @@ def test_factors_are_backward_ops(swish_step):
     assert all(i in regions.backward for i in subs)
     # the optimizer's `momentum * m`, computed from a variable before the gradient
     # arrives, is not a factor: no step data flows into it
-    momentum = [i for i in range(len(ix)) if ix.names[i].startswith("sgd/Mul")
+    # the optimizer's scope is `sgd`, or `sgd_<k>` after other tests of the process built one
+    momentum = [i for i in range(len(ix)) if re.match(r"sgd(_[0-9]+)?/Mul", ix.names[i])
                 and ix.ops[i] == "Mul" and ix.shape((i, 0)) == [WIDTH, WIDTH]
                 and not any(s in regions.backward for s, _ in ix.data_inputs[i])]
     assert len(momentum) == LAYERS and not any(i in regions.backward for i in momentum)
@@ -63,26 +66,24 @@ def test_factors_are_backward_ops(swish_step):
     saved_ops = [ix.ops[s.tensor[0]] for s in regions.saved]
     assert saved_ops.count("MatMul") == LAYERS and saved_ops.count("Sigmoid") == LAYERS
     assert not [s.name for s in regions.saved if ix.ops[s.tensor[0]] == "Mul"
-                and not s.name.startswith("sgd/")]
+                and not re.match(r"sgd(_[0-9]+)?/", s.name)]
 
 
-def test_factors_let_the_plan_recompute_and_training_is_the_same(swish_step, tmp_path,
-                                                                 monkeypatch):
+def test_factors_let_the_plan_recompute_and_training_is_the_same(swish_step, tmp_path):
+    """The memory plan recomputes the swish layers' inputs and trains bit for bit.
+
+    (Until 2026-11-30 this also compared the plan with one made without the factors, which
+    estimated higher. Since a segment's first copies are held back through an Identity of
+    their input, that plan recomputes the factor ops themselves as forward ops and
+    estimates 1.06 against 1.13 MiB on this toy; on Keras' EfficientNetB0, which the
+    factors were found on, see the module docstring.)"""
     out = tmp_path / "out"
     result = rewrite_file(swish_step, out, RewriteOptions("memory", [], BATCH))
     assert result.plan.copied_ops > 0
+    assert result.after.peak_bytes < result.before.peak_bytes
+    index = Workspace.open(load_model(str(out))).index
+    copied = [index.ops[index.id_of[original_name(n)]] for n in index.names if is_copy(n)]
+    assert "MatMul" in copied and "Sigmoid" in copied  # a swish layer's input and sigmoid
     r = verify(str(swish_step), str(out), RunSpec(batch_size=BATCH, grappler=False), 3,
                0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0, r.mismatches
-
-    import graphmem.analysis.regions as regions_module
-    import graphmem.passes.budget as budget_module
-
-    monkeypatch.setattr(regions_module, "gradient_factors", lambda *a: set())
-    # compared at the same recompute bound: without factors the policy would lift its
-    # recompute cap and recompute the whole forward pass instead (MEMORY_CAP_MAX_COST)
-    monkeypatch.setattr(budget_module, "MEMORY_CAP_MAX_COST", float("inf"))
-    options = RewriteOptions("memory", [], BATCH)
-    options.keep_worse = True
-    without = rewrite_file(swish_step, tmp_path / "without", options)
-    assert result.after.peak_bytes < without.after.peak_bytes

@@ -81,6 +81,49 @@ def save_hard_swish_step(path: Path, side: int = 32, batch: int = 4) -> Path:
     return _save_image_step(path, side, layers, batch)
 
 
+def save_swish_step(path: Path, side: int = 32, batch: int = 4) -> Path:
+    """Four Keras convolutions, each with a batch norm and Keras' swish (`tf.nn.silu`,
+    EfficientNet's activation), global pooling and a dense head; Keras' SGD with momentum.
+    silu's gradient recomputes `sigmoid(x)` under `control_dependencies([dy])`, an op that
+    only that control edge keeps apart from the forward `sigmoid(x)`, which the oneDNN
+    remapper fuses with its product into `_MklSwish`."""
+
+    def layers(keras):
+        out = []
+        for k, width in enumerate((8, 16, 16, 16)):
+            out += [keras.layers.Conv2D(width, 3, padding="same", use_bias=False,
+                                        name=f"conv{k}"),
+                    keras.layers.BatchNormalization(name=f"bn{k}"),
+                    keras.layers.Activation("swish", name=f"swish{k}")]
+        return [*out, keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)]
+
+    return _save_image_step(path, side, layers, batch)
+
+
+def save_squeeze_excite_step(path: Path, side: int = 16, batch: int = 4) -> Path:
+    """Two EfficientNet-style blocks in small: a convolution, batch norm and swish, then
+    squeeze and excitation (global pooling, a 1x1 convolution with a bias and swish, a 1x1
+    convolution with a sigmoid, the product with the block's activations); global pooling
+    and a dense head; Keras' SGD with momentum. The squeeze's `BiasAdd` is read by
+    `x * sigmoid(x)`, which the oneDNN remapper fuses into `_MklSwish`."""
+
+    def model(keras):
+        x = inputs = keras.Input((side, side, 3))
+        for k, width in enumerate((16, 24)):
+            x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False,
+                                    name=f"conv{k}")(x)
+            x = keras.layers.BatchNormalization(name=f"bn{k}")(x)
+            x = keras.layers.Activation("swish", name=f"swish{k}")(x)
+            se = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+            se = keras.layers.Conv2D(4, 1, activation="swish", name=f"se_reduce{k}")(se)
+            se = keras.layers.Conv2D(width, 1, activation="sigmoid", name=f"se_expand{k}")(se)
+            x = keras.layers.Multiply(name=f"se_excite{k}")([x, se])
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+    return _save_image_step(path, side, model, batch)
+
+
 def save_vgg_head_step(path: Path, side: int = 64, units: int = 512) -> Path:
     """A small VGG as a Keras train step: two blocks of two 3x3 convolutions (32 and 64
     channels) with max pooling, then a dense layer of `units` over the flattened feature

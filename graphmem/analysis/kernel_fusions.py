@@ -76,6 +76,16 @@ def fused_pairs(index: GraphIndex, batch_size: int | None = None) -> list[tuple[
     return pairs
 
 
+def in_merged_chain(index: GraphIndex, s: int) -> bool:
+    """Whether op s is the producer or the reader of a CHAINS pair: TF may run the pair as
+    one kernel, which Grappler's remapper does only while neither has control edges."""
+    readers = index.consumers.get((s, 0), ())
+    if len(readers) == 1 and index.ops[readers[0]] in CHAINS.get(index.ops[s], ()):
+        return True
+    return any(k == 0 and index.ops[s] in CHAINS.get(index.ops[p], ()) and
+               _one_reader(index, p) for p, k in index.data_inputs[s])
+
+
 def _one_reader(index: GraphIndex, s: int) -> bool:
     return len(index.consumers.get((s, 0), ())) == 1
 

@@ -13,6 +13,10 @@ import re
 COPY_SCOPE = "graphmem_recompute"
 _COPY_SUFFIX = re.compile(r"/" + COPY_SCOPE + r"_[A-Za-z0-9_]+$")
 _FIRST_COPY = re.compile(r"/" + COPY_SCOPE + r"_s([0-9]+)(?::[0-9]+)?$")
+# the Identities that hold a recompute group's first copies back (passes/recompute.py): an
+# input `a/b:k` of group 7 is held by `a/b/hold_k/graphmem_hold_h7`
+HOLD_SCOPE = "graphmem_hold"
+_HOLD_SUFFIX = re.compile(r"/hold_[0-9]+/" + HOLD_SCOPE + r"_[A-Za-z0-9_]+$")
 # every op a pass adds has a name component starting with this (graphmem_recompute/,
 # graphmem_swap/, .../graphmem_in_place/, ...)
 OWN_PREFIX = "graphmem_"
@@ -70,6 +74,15 @@ def copy_name(original: str, segment: str) -> str:
     """The name of the copy of op `original` that recomputes it for `segment` (`s3`,
     `s3_late1`, a tower's `tcpu0s3`)."""
     return f"{original}/{COPY_SCOPE}_{segment}"
+
+
+def hold_name(op: str, output: int, group: str) -> str:
+    """The name of the Identity of `op:output` that holds back the copies of `group`."""
+    return f"{op}/hold_{output}/{HOLD_SCOPE}_{group}"
+
+
+def is_hold(name: str) -> bool:
+    return _HOLD_SUFFIX.search(name) is not None
 
 
 def copy_segment(name: str) -> int | None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
+from graphmem.analysis.kernel_fusions import in_merged_chain
 from graphmem.analysis.regions import Regions, is_parameter_read, is_state_write, scope_matcher
 from graphmem.analysis.towers import is_collective
 from graphmem.graph.devices import normalize_device
@@ -339,6 +340,11 @@ def _value_readers(index: GraphIndex, reach: Reachability, step: set[int],
                 continue
             if index.position[c] > index.position[a] and reach.reaches(a, c) is not False:
                 continue  # c may depend on the update: an edge c -> a could close a cycle
+            if not ref and in_merged_chain(index, c):
+                # an edge out of it would keep TF from merging it with its producer or
+                # reader (a dense layer's MatMul and BiasAdd), and the unmerged pair
+                # rounds otherwise; the edge only saves a copy of the variable
+                continue
             if reach.reaches(c, a) is False or (ref and reach.reaches(a, c) is False):
                 out.append(c)
     return sorted(set(out))

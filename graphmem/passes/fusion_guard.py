@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from graphmem.analysis.kernel_fusions import fused_pairs
 from graphmem.analysis.regions import Regions, is_state_write
 from graphmem.graph.index import GraphIndex
-from graphmem.graph.names import is_copy
+from graphmem.graph.names import is_copy, is_hold
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, remove_edges
 
 
@@ -120,8 +120,8 @@ def _ordering_only(index: GraphIndex, u: int, v: int, original: GraphIndex,
     writes nothing). Edges among the original graph's ops that it already had, and edges
     into writes, are not."""
     size = len(original)
-    if v >= size:  # a copy: its triggers are backward ops of the original graph
-        return is_copy(index.names[v]) and u < size \
+    if v >= size:  # a copy or a hold: its triggers are backward ops of the original graph
+        return (is_copy(index.names[v]) or is_hold(index.names[v])) and u < size \
             and u in regions.backward
     if u >= size or is_state_write(index.ops[v]) or u in original.control_inputs[v]:
         return False

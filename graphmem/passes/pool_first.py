@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from graphmem.analysis.regions import Regions
 from graphmem.graph.builders import redirect_readers, unique_name
 from graphmem.graph.index import GraphIndex, Tensor
-from graphmem.graph.names import input_string, original_name
+from graphmem.graph.names import input_string, is_hold, original_name
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
 SCOPE = "graphmem_pool_first"
@@ -61,7 +61,10 @@ class PoolSite:
 
 
 def _origin(index: GraphIndex, t: Tensor) -> tuple[str, int]:
-    """The tensor a recompute copy stands for (itself when it is none)."""
+    """The tensor a recompute copy, or the Identity holding copies back, stands for
+    (itself when it is neither)."""
+    while is_hold(index.names[t[0]]) and index.data_inputs[t[0]]:
+        t = index.data_inputs[t[0]][0]
     return original_name(index.names[t[0]]), t[1]
 
 

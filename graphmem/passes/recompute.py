@@ -3,8 +3,9 @@
 For each segment (the forward ops after one checkpoint and up to the next), the ops that the
 backward pass needs from it are copied, reading checkpoints and kept tensors at the
 segment's boundary; the backward ops that read those activations are pointed at the copies.
-The copies are held back by control edges from triggers, backward ops that do not depend on
-them. A segment's own triggers are the backward ops that feed its backward readers (the
+The copies are held back by triggers, backward ops that do not depend on them, through
+Identities of the copies' inputs that wait for them (`_hold_input`: no copy carries a
+control edge, which would keep Grappler from fusing or regrouping it as the original). A segment's own triggers are the backward ops that feed its backward readers (the
 gradient arriving from the later segments); waiting for those, though, serializes the step:
 the recomputation of a segment and the gradient ops of the segment before it (in backward
 order) can never run side by side. So a segment is held back one segment ahead instead
@@ -34,7 +35,7 @@ from graphmem.analysis.removable_ops import may_be_removed
 from graphmem.analysis.towers import find_towers, tower_of
 from graphmem.graph import dtypes
 from graphmem.graph.index import SHAPE_ONLY_OPS, VARIABLE_OPS, GraphIndex, Tensor, kahn
-from graphmem.graph.names import OWN_PREFIX, input_string, parse_input
+from graphmem.graph.names import OWN_PREFIX, hold_name, input_string, parse_input
 from graphmem.graph.names import copy_name as copy_of
 from graphmem.graph.names import original_name as original_name  # named here too
 from graphmem.graph.reachability import Reachability
@@ -76,7 +77,7 @@ class RecomputePlan(PassPlan):
     # checkpoints inside a sum or product Grappler regroups, kept at the tree's result
     # instead (_past_regrouped_trees)
     checkpoints_to_tree_roots: int = 0
-    held_through_identity: int = 0  # copies of a regrouped tree's ops held back by an Identity
+    held_through_identity: int = 0  # inputs of copies that hold them back (Identities)
     reshapes_aligned: int = 0  # copies of reshapes to computed shapes given the original's
 
     @property
@@ -104,7 +105,6 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     recomputable = facts.recomputable
     trees = regrouped_trees(index)
     inner = inner_roots(trees)
-    control_free = {op for tree in trees for op in tree.control_free}
     checkpoints, plan.checkpoints_to_tree_roots = _past_regrouped_trees(checkpoints, inner)
     small = _small_reductions(index, recomputable, batch_size)
     picked = set(checkpoints)
@@ -200,23 +200,24 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
         start = cut_positions[seg - 1] if seg > 0 else None
         held = ["^" + index.names[t] for t in sorted(triggers)]
         copies = set(copy_name.values())
+        made = []
+        holds: dict[str, str] = {}  # an input the group's first ops read -> its hold
         for i in sorted(needed, key=index.position.__getitem__):
             # appended in place (node ids of the graph stay as the index has them)
             node = g.node.add()
+            made.append(node)
             reads_copy = _copy_node(index, i, copy_name, node)
             if index.ops[i] == "Reshape" and _align_reshape(index, i, node, g, aligned):
                 plan.reshapes_aligned += 1
                 reads_copy = any(parse_input(t)[0] in copies for t in node.input)
             if reads_copy or not held:
                 continue
-            # the group's first ops: the triggers hold them back; an op of a regrouped
-            # tree through an Identity, as a control edge on it would keep Grappler from
-            # rebuilding the copy's tree as it rebuilds the original's
-            if i in control_free and _holdable(node):
-                _hold_through_identity(g, node, held)
-                plan.held_through_identity += 1
-            else:
+            # the group's first ops: the triggers hold them back through an Identity of an
+            # input, so that no copy carries a control edge (_hold_input)
+            if not _hold_input(index, i, node, g, held, holds, str(n)):
                 node.input.extend(held)
+        _read_holds(made, holds)
+        plan.held_through_identity += len(holds)
         if not triggers:
             plan.not_held_back.append(seg)
         for w, i in group.ref_writes:
@@ -597,22 +598,49 @@ def _past_regrouped_trees(checkpoints: list[Tensor], inner: dict[int, int]
     return list(dict.fromkeys(moved)), sum(1 for t in checkpoints if t[0] in inner)
 
 
-def _holdable(node) -> bool:
-    """Whether an Identity can stand before `node`'s first input: it has one, and one
-    dtype `T` (the sums and products of a tree do)."""
-    return bool(node.input) and not node.input[0].startswith("^") and "T" in node.attr \
-        and node.attr["T"].WhichOneof("value") == "type"
+def _hold_input(index: GraphIndex, i: int, node, g, held: list[str],
+                holds: dict[str, str], scope: str) -> bool:
+    """Hold the copy `node` of op i back by an Identity of one of its inputs that waits
+    for `held` (marked for Grappler to keep), shared by every copy of the group that reads
+    that input (`_read_holds`); returns False where no input can be held so (only
+    constants, or no tensor of a plain dtype).
+
+    Why not a control edge on the copy: Grappler leaves an op with control edges out of
+    what it rebuilds, and TF rounds what it rebuilt differently from what it left alone.
+    Its arithmetic optimizer regroups a sum or product only of ops without them, and its
+    remapper fuses only such ops: the forward `x * sigmoid(x)` of Keras' swish became one
+    `_MklSwish` kernel (oneDNN), while the copy, whose `sigmoid` waited for a trigger,
+    stayed two Eigen kernels (Keras EfficientNetV2B0's squeeze-and-excitation blocks:
+    momentums 6e-11 apart after one step). Every copy reading the held input reads the
+    Identity, so a pattern whose ops read one tensor twice (`Mul(x, Sigmoid(x))`) still
+    reads one there."""
+    data = [text for text in node.input if not text.startswith("^")]
+    for text, t in zip(data, index.data_inputs[i], strict=False):
+        if text in holds:
+            return True
+        dtype = index.dtype(t)
+        if index.ops[t[0]] in ("Const", "HostConst") or dtype is None or \
+                dtype == dtypes.RESOURCE or dtypes.is_ref(dtype):
+            continue
+        name = holds[text] = hold_name(index.names[t[0]], t[1], scope)
+        hold = g.node.add(name=name, op="Identity", device=node.device)
+        hold.input.extend([text, *held])
+        hold.attr["T"].type = dtype
+        # Grappler would bypass it, handing its edges to the copies
+        hold.attr[KEEP_ATTR].b = True
+        return True
+    return False
 
 
-def _hold_through_identity(g, node, held: list[str]) -> None:
-    """Hold `node` back by an Identity of its first input that waits for `held`, marked
-    for Grappler to keep: the copy itself stays free of control edges."""
-    hold = g.node.add(name=f"{node.name}/hold", op="Identity", device=node.device)
-    hold.input.extend([node.input[0], *held])
-    hold.attr["T"].CopyFrom(node.attr["T"])
-    # Grappler would bypass it, handing its edges to the copy
-    hold.attr[KEEP_ATTR].b = True
-    node.input[0] = hold.name
+def _read_holds(made: list, holds: dict[str, str]) -> None:
+    """Point the group's copies' reads of held inputs at their holds."""
+    if not holds:
+        return
+    for node in made:
+        for k, text in enumerate(node.input):
+            hold = holds.get(text)
+            if hold is not None:
+                node.input[k] = hold
 
 
 def _independent_groups(index: GraphIndex, targets: list, keep: set[Tensor],
@@ -760,11 +788,50 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
     consumer can be ancestors, which bounds both walks. With several towers (`tower`, a
     device), an op of another device is passed through too: a trigger is a backward op of
     the copies' own tower, so that no tower's recomputation waits for another's.
+
+    A consumer's own control inputs are kept meaningful (`_kept_control_sources`): no
+    trigger is one of them or depends on one.
     """
+    triggers = _walk_to_triggers(index, regions, consumers, set(), tower)
+    kept = _kept_control_sources(index, regions, consumers, triggers)
+    if kept:
+        apart = _walk_to_triggers(index, regions, consumers, kept, tower)
+        if apart:
+            return apart
+    return triggers
+
+
+def _kept_control_sources(index: GraphIndex, regions: Regions, consumers: set[int],
+                          triggers: set[int]) -> set[int]:
+    """The backward ops that hold back a consumer by a control edge of the graph as given
+    and that a trigger would otherwise be, or depend on.
+
+    Why: a copy that waits for such an op makes the consumer's control edge implied by its
+    data input, and Grappler's dependency optimizer drops it. The edge is what kept the
+    consumer apart from the forward op it repeats: `tf.nn.silu`'s gradient recomputes
+    `sigmoid(x)` under `control_dependencies([dy])`. Without it Grappler merges that
+    sigmoid with the copy of the forward one (common subgraph elimination), the copy's
+    `x * sigmoid(x)` then no longer has a sigmoid of its own, and the oneDNN remapper
+    leaves it unfused where it fused the forward product into `_MklSwish`: the recomputed
+    activation rounds differently (Keras EfficientNetV2B0, its first layers' momentums by
+    4e-8 after one step). Sources placed before every trigger are left out: holding the
+    copies back that far would undo the plan.
+    """
+    if not triggers:
+        return set()
+    first = min(index.position[t] for t in triggers)
+    return {d for c in consumers for d in index.control_inputs[c]
+            if d in regions.backward and index.position[d] >= first}
+
+
+def _walk_to_triggers(index: GraphIndex, regions: Regions, consumers: set[int],
+                      avoided: set[int], tower: str) -> set[int]:
+    """`_triggers`' walk; ops that depend on a consumer or on an op of `avoided` (or are
+    one) are passed through."""
     backward = regions.backward
     horizon = max(index.position[c] for c in consumers)
-    downstream = set(consumers)
-    queue = deque(consumers)
+    downstream = set(consumers) | avoided
+    queue = deque(downstream)
     while queue:
         i = queue.popleft()
         for j in index.data_consumers(i) + index.control_consumers[i]:
