@@ -86,6 +86,28 @@ def test_copies_of_a_regrouped_sum_are_held_back_through_an_identity():
     assert new.data_inputs[copied_root][0] == (copy, 0)
 
 
+def test_a_checkpoint_on_an_op_tf_merges_with_its_reader_moves_to_the_readers_result():
+    """A convolution's `BiasAdd` read only by its `Relu`: TF runs the three as one kernel,
+    and a copy reading the `BiasAdd` would split them (oneDNN's kernel with the ReLU sums
+    in another order). The checkpoint moves to the `Relu`, which the backward reads."""
+    g = G()
+    g.op("x", "Placeholder", shape=(2, 8, 8, 3))
+    g.op("w", "Const", shape=(3, 3, 3, 4))
+    g.op("b", "Const", shape=(4,))
+    g.op("conv", "Conv2D", "x", "w", shape=(2, 8, 8, 4))
+    g.op("bias", "BiasAdd", "conv", "b", shape=(2, 8, 8, 4))
+    g.op("relu", "Relu", "bias", shape=(2, 8, 8, 4))
+    g.op("head", "Tanh", "relu", shape=(2, 8, 8, 4))
+    g.op("gradients/g", "Const", shape=(2, 8, 8, 4))
+    g.op("gradients/d1", "TanhGrad", "head", "gradients/g", shape=(2, 8, 8, 4))
+    g.op("gradients/d2", "ReluGrad", "gradients/d1", "relu", shape=(2, 8, 8, 4))
+    plan, new = _recompute(g, "bias")
+    assert plan.checkpoints_past_fusions == 1
+    bias = new.id_of["bias"]
+    assert [new.names[r] for r in new.data_consumers(bias)] == ["relu"]  # still one reader
+    assert not any(is_copy(n) and original_name(n) in ("bias", "relu") for n in new.names)
+
+
 def _broadcast_gradient() -> G:
     """The gradient of `y = a + b` as TF writes it: sums over the axes
     BroadcastGradientArgs finds, reshaped to each input's shape."""

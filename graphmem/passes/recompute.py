@@ -27,7 +27,10 @@ from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.arithmetic_groups import inner_roots, regrouped_trees
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
-from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS, FILTER_GRADIENTS
+from graphmem.analysis.kernel_fusions import (
+    BIAS_GRADIENTS,
+    FILTER_GRADIENTS,
+)
 from graphmem.analysis.loops import const_ints
 from graphmem.analysis.pruning import KEEP_ATTR
 from graphmem.analysis.regions import Regions, is_state_write
@@ -44,6 +47,10 @@ from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 # how many segments back a segment's copies may reach for ops that are not kept (see
 # _independent_groups): enough for a transformer block's chains, linear on any graph
 REACH_SEGMENTS = 16
+# ops a checkpoint moves along a chain TF merges into one kernel (_past_merged_chains)
+MAX_CHAIN = 4
+CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"})
+FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 # a batch statistic at most this share of the reduction's input is kept, not recomputed
 # (_small_reductions)
 SMALL_REDUCTION_SHARE = 1 / 16
@@ -77,6 +84,8 @@ class RecomputePlan(PassPlan):
     # checkpoints inside a sum or product Grappler regroups, kept at the tree's result
     # instead (_past_regrouped_trees)
     checkpoints_to_tree_roots: int = 0
+    # checkpoints on an op TF merges with its one reader, moved to the reader's result
+    checkpoints_past_fusions: int = 0
     held_through_identity: int = 0  # inputs of copies that hold them back (Identities)
     reshapes_aligned: int = 0  # copies of reshapes to computed shapes given the original's
 
@@ -106,6 +115,7 @@ def apply_recompute(index: GraphIndex, regions: Regions, facts: ForwardFacts,
     trees = regrouped_trees(index)
     inner = inner_roots(trees)
     checkpoints, plan.checkpoints_to_tree_roots = _past_regrouped_trees(checkpoints, inner)
+    checkpoints, plan.checkpoints_past_fusions = _past_merged_chains(index, checkpoints)
     small = _small_reductions(index, recomputable, batch_size)
     picked = set(checkpoints)
     keep = picked | small
@@ -596,6 +606,48 @@ def _past_regrouped_trees(checkpoints: list[Tensor], inner: dict[int, int]
     as the op inside it and is made a few elementwise ops later."""
     moved = [(inner[t[0]], 0) if t[0] in inner else t for t in checkpoints]
     return list(dict.fromkeys(moved)), sum(1 for t in checkpoints if t[0] in inner)
+
+
+def _past_merged_chains(index: GraphIndex, checkpoints: list[Tensor]
+                        ) -> tuple[list[Tensor], int]:
+    """The checkpoints with each one on an op that TF merges with its one reader (a
+    convolution's `BiasAdd` and its `Relu`: `_merged_reader`) moved to
+    the reader's result, along the chain, and how many moved. The copies reading a
+    checkpoint there would give the op a second reader, and TF would then run the
+    original's pair as two kernels where it ran one: oneDNN computes the fused convolution
+    with a ReLU as a kernel of its own, which sums in another order (Keras
+    MobileNetV3Large's speed rewrite: its squeeze-and-excitation convolutions, momentums
+    2e-9 apart after one step with Grappler on). The reader's result holds as many bytes
+    and is made by the same kernel."""
+    moved = 0
+    out = []
+    for t in checkpoints:
+        at = t
+        for _ in range(MAX_CHAIN):
+            nxt = _merged_reader(index, at)
+            if nxt is None:
+                break
+            at = nxt
+        moved += at != t
+        out.append(at)
+    return list(dict.fromkeys(out)), moved
+
+
+def _merged_reader(index: GraphIndex, t: Tensor) -> Tensor | None:
+    """The result of the op TF merges tensor t's op with (a contraction with its one
+    `BiasAdd`, a contraction's `BiasAdd` with its one activation), else None. Narrower than
+    CHAINS, which is a superset kept for the fusion guard's cycle check."""
+    readers = index.consumers.get(t, ())
+    if t[1] != 0 or len(readers) != 1:
+        return None
+    r, op = readers[0], index.ops[t[0]]
+    if op in CONTRACTIONS and index.ops[r] == "BiasAdd":
+        return r, 0
+    if op == "BiasAdd" and index.ops[r] in FUSED_ACTIVATIONS and index.data_inputs[t[0]]:
+        c = index.data_inputs[t[0]][0]
+        if index.ops[c[0]] in CONTRACTIONS and len(index.consumers.get(c, ())) == 1:
+            return r, 0
+    return None
 
 
 def _hold_input(index: GraphIndex, i: int, node, g, held: list[str],

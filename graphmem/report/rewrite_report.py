@@ -34,6 +34,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "kept_not_recomputable": plan.kept_blocked,
         "kept_statistics": plan.kept_statistics,
         "checkpoints_to_tree_roots": plan.checkpoints_to_tree_roots,
+        "checkpoints_past_fusions": plan.checkpoints_past_fusions,
         "held_through_identity": plan.held_through_identity,
         "reshapes_aligned": plan.reshapes_aligned,
         "update_guards": plan.update_guards,
@@ -150,6 +151,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"[yellow]moved[/]: {plan.checkpoints_to_tree_roots} checkpoints inside "
                       "a sum or product Grappler regroups, to its result (TF rounds it as "
                       "in the original)")
+    if plan.checkpoints_past_fusions:
+        console.print(f"[yellow]moved[/]: {plan.checkpoints_past_fusions} checkpoints on an op "
+                      "TensorFlow merges with its reader into one kernel, to the reader's "
+                      "result (TF rounds it as in the original)")
     if plan.not_held_back:
         console.print(f"[red]warning[/]: segments {plan.not_held_back} have no trigger; their "
                       "copies may run during the forward pass and save nothing")
