@@ -21,7 +21,7 @@ check stricter. Cost: one pass over the nodes and their inputs.
 from __future__ import annotations
 
 from graphmem.analysis.broadcast_grads import folded_readers, folded_shape_ops
-from graphmem.graph.index import GraphIndex
+from graphmem.graph.index import GraphIndex, Tensor
 
 # ops looked through above a gradient: TF1's `tuple/control_dependency` Identity, and what
 # Grappler removes before TF merges ops (`_forwarders`)
@@ -34,6 +34,10 @@ BIAS_GRADIENTS = frozenset({"BiasAddGrad", "BiasAddGradV1"})
 # each pair listed costs the rewrite the edges on paths between its ops
 FILTER_GRADIENTS = frozenset({"Conv2DBackpropFilter", "Conv3DBackpropFilter",
                               "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropFilter"})
+# contractions the remapper merges with their `BiasAdd`, and the activations it merges
+# after them (merged_reader)
+CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"})
+FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 # producer op -> reader ops merged into it when the reader reads the producer's first output
 # (the remapper's contraction, batch-norm and pad patterns)
 CHAINS: dict[str, frozenset[str]] = {
@@ -84,6 +88,25 @@ def in_merged_chain(index: GraphIndex, s: int) -> bool:
         return True
     return any(k == 0 and index.ops[s] in CHAINS.get(index.ops[p], ()) and
                _one_reader(index, p) for p, k in index.data_inputs[s])
+
+
+def merged_reader(index: GraphIndex, t: Tensor) -> Tensor | None:
+    """The result of the op TF merges tensor t's op with, when t's op is a contraction
+    read only by its `BiasAdd`, or a contraction's `BiasAdd` read only by its activation;
+    else None. Narrower than CHAINS (a superset, enough for the fusion guard's cycle check):
+    these are the pairs the remapper certainly merges, so a checkpoint may move along them
+    (passes/recompute.py)."""
+    readers = index.consumers.get(t, ())
+    if t[1] != 0 or len(readers) != 1:
+        return None
+    r, op = readers[0], index.ops[t[0]]
+    if op in CONTRACTIONS and index.ops[r] == "BiasAdd":
+        return r, 0
+    if op == "BiasAdd" and index.ops[r] in FUSED_ACTIVATIONS and index.data_inputs[t[0]]:
+        c = index.data_inputs[t[0]][0]
+        if index.ops[c[0]] in CONTRACTIONS and _one_reader(index, c[0]) and c[1] == 0:
+            return r, 0
+    return None
 
 
 def _one_reader(index: GraphIndex, s: int) -> bool:

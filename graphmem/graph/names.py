@@ -14,7 +14,7 @@ COPY_SCOPE = "graphmem_recompute"
 _COPY_SUFFIX = re.compile(r"/" + COPY_SCOPE + r"_[A-Za-z0-9_]+$")
 _FIRST_COPY = re.compile(r"/" + COPY_SCOPE + r"_s([0-9]+)(?::[0-9]+)?$")
 # the Identities that hold a recompute group's first copies back (passes/recompute.py): an
-# input `a/b:k` of group 7 is held by `a/b/hold_k/graphmem_hold_h7`
+# input `a/b:k` of group 7 is held by `a/b/hold_k/graphmem_hold_7`
 HOLD_SCOPE = "graphmem_hold"
 _HOLD_SUFFIX = re.compile(r"/hold_[0-9]+/" + HOLD_SCOPE + r"_[A-Za-z0-9_]+$")
 # every op a pass adds has a name component starting with this (graphmem_recompute/,

@@ -5,8 +5,9 @@ backward pass needs from it are copied, reading checkpoints and kept tensors at 
 segment's boundary; the backward ops that read those activations are pointed at the copies.
 The copies are held back by triggers, backward ops that do not depend on them, through
 Identities of the copies' inputs that wait for them (`_hold_input`: no copy carries a
-control edge, which would keep Grappler from fusing or regrouping it as the original). A segment's own triggers are the backward ops that feed its backward readers (the
-gradient arriving from the later segments); waiting for those, though, serializes the step:
+control edge, which would keep Grappler from fusing or regrouping it as the original). A
+segment's own triggers are the backward ops that feed its backward readers (the gradient
+arriving from the later segments); waiting for those, though, serializes the step:
 the recomputation of a segment and the gradient ops of the segment before it (in backward
 order) can never run side by side. So a segment is held back one segment ahead instead
 (`_lead_triggers`): its recomputation starts while the backward pass is still in the next
@@ -27,10 +28,7 @@ from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.arithmetic_groups import inner_roots, regrouped_trees
 from graphmem.analysis.broadcast_grads import REDUCTION_OPS
 from graphmem.analysis.cost import op_flops
-from graphmem.analysis.kernel_fusions import (
-    BIAS_GRADIENTS,
-    FILTER_GRADIENTS,
-)
+from graphmem.analysis.kernel_fusions import BIAS_GRADIENTS, FILTER_GRADIENTS, merged_reader
 from graphmem.analysis.loops import const_ints
 from graphmem.analysis.pruning import KEEP_ATTR
 from graphmem.analysis.regions import Regions, is_state_write
@@ -49,8 +47,6 @@ from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 REACH_SEGMENTS = 16
 # ops a checkpoint moves along a chain TF merges into one kernel (_past_merged_chains)
 MAX_CHAIN = 4
-CONTRACTIONS = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul"})
-FUSED_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid"})
 # a batch statistic at most this share of the reduction's input is kept, not recomputed
 # (_small_reductions)
 SMALL_REDUCTION_SHARE = 1 / 16
@@ -611,8 +607,8 @@ def _past_regrouped_trees(checkpoints: list[Tensor], inner: dict[int, int]
 def _past_merged_chains(index: GraphIndex, checkpoints: list[Tensor]
                         ) -> tuple[list[Tensor], int]:
     """The checkpoints with each one on an op that TF merges with its one reader (a
-    convolution's `BiasAdd` and its `Relu`: `_merged_reader`) moved to
-    the reader's result, along the chain, and how many moved. The copies reading a
+    convolution's `BiasAdd` and its `Relu`: analysis/kernel_fusions.py, `merged_reader`)
+    moved to the reader's result, along the chain, and how many moved. The copies reading a
     checkpoint there would give the op a second reader, and TF would then run the
     original's pair as two kernels where it ran one: oneDNN computes the fused convolution
     with a ReLU as a kernel of its own, which sums in another order (Keras
@@ -624,30 +620,13 @@ def _past_merged_chains(index: GraphIndex, checkpoints: list[Tensor]
     for t in checkpoints:
         at = t
         for _ in range(MAX_CHAIN):
-            nxt = _merged_reader(index, at)
+            nxt = merged_reader(index, at)
             if nxt is None:
                 break
             at = nxt
         moved += at != t
         out.append(at)
     return list(dict.fromkeys(out)), moved
-
-
-def _merged_reader(index: GraphIndex, t: Tensor) -> Tensor | None:
-    """The result of the op TF merges tensor t's op with (a contraction with its one
-    `BiasAdd`, a contraction's `BiasAdd` with its one activation), else None. Narrower than
-    CHAINS, which is a superset kept for the fusion guard's cycle check."""
-    readers = index.consumers.get(t, ())
-    if t[1] != 0 or len(readers) != 1:
-        return None
-    r, op = readers[0], index.ops[t[0]]
-    if op in CONTRACTIONS and index.ops[r] == "BiasAdd":
-        return r, 0
-    if op == "BiasAdd" and index.ops[r] in FUSED_ACTIVATIONS and index.data_inputs[t[0]]:
-        c = index.data_inputs[t[0]][0]
-        if index.ops[c[0]] in CONTRACTIONS and len(index.consumers.get(c, ())) == 1:
-            return r, 0
-    return None
 
 
 def _hold_input(index: GraphIndex, i: int, node, g, held: list[str],
@@ -844,10 +823,13 @@ def _triggers(index: GraphIndex, regions: Regions, consumers: set[int],
     A consumer's own control inputs are kept meaningful (`_kept_control_sources`): no
     trigger is one of them or depends on one.
     """
-    triggers = _walk_to_triggers(index, regions, consumers, set(), tower)
+    horizon = max(index.position[c] for c in consumers)
+    downstream = _downstream(index, consumers, horizon)
+    triggers = _walk_to_triggers(index, regions, consumers, downstream, tower)
     kept = _kept_control_sources(index, regions, consumers, triggers)
-    if kept:
-        apart = _walk_to_triggers(index, regions, consumers, kept, tower)
+    if kept and not triggers.isdisjoint(after := _downstream(index, kept, horizon)):
+        # some trigger is such a source or depends on one: walk again, past them
+        apart = _walk_to_triggers(index, regions, consumers, downstream | after, tower)
         if apart:
             return apart
     return triggers
@@ -876,20 +858,25 @@ def _kept_control_sources(index: GraphIndex, regions: Regions, consumers: set[in
             if d in regions.backward and index.position[d] >= first}
 
 
-def _walk_to_triggers(index: GraphIndex, regions: Regions, consumers: set[int],
-                      avoided: set[int], tower: str) -> set[int]:
-    """`_triggers`' walk; ops that depend on a consumer or on an op of `avoided` (or are
-    one) are passed through."""
-    backward = regions.backward
-    horizon = max(index.position[c] for c in consumers)
-    downstream = set(consumers) | avoided
-    queue = deque(downstream)
+def _downstream(index: GraphIndex, seeds: set[int], horizon: int) -> set[int]:
+    """`seeds` and the ops placed up to `horizon` that depend on one of them."""
+    out = set(seeds)
+    queue = deque(seeds)
     while queue:
         i = queue.popleft()
         for j in index.data_consumers(i) + index.control_consumers[i]:
-            if j not in downstream and index.position[j] <= horizon:
-                downstream.add(j)
+            if j not in out and index.position[j] <= horizon:
+                out.add(j)
                 queue.append(j)
+    return out
+
+
+def _walk_to_triggers(index: GraphIndex, regions: Regions, consumers: set[int],
+                      downstream: set[int], tower: str) -> set[int]:
+    """`_triggers`' walk up from the consumers; the ops of `downstream` are passed
+    through."""
+    backward = regions.backward
+
     def can_hold(s: int) -> bool:
         # an op in a tf.cond branch (v1) would make the copies dead when its branch is not
         # taken: the walk goes past it to the ops that always run
