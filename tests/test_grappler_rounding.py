@@ -163,20 +163,49 @@ def test_a_keras_resnet_with_checkpoints_in_its_sums_trains_bit_for_bit(tmp_path
     assert run.max_loss_diff == 0 and run.max_variable_diff == 0
 
 
-def _hard_swish_rewrite(tmp_path, tags: bool = True):
+def _barrier_rewrite(tmp_path, save, policy: str, batch: int, barriers: bool = True,
+                     picks: tuple[str, ...] = ()):
     from unittest import mock
 
-    from graphmem.passes.reader_tags import ReaderTagsPass
+    from graphmem.passes.reader_barriers import ReaderBarriersPass
     from graphmem.rewrite import RewriteOptions, rewrite_file
-    from tests.tf2_steps import save_hard_swish_step
 
-    src = tmp_path / "hs"
+    src = tmp_path / "src"
     if not src.exists():
-        save_hard_swish_step(src)
-    out = tmp_path / ("out" if tags else "out_without_tags")
-    options = RewriteOptions("memory", [], 4)
-    with mock.patch.object(ReaderTagsPass, "applies", lambda self, context: tags):
+        save(src)
+    out = tmp_path / ("out" if barriers else "out_without_barriers")
+    options = RewriteOptions(policy, list(picks), batch, keep_worse=bool(picks))
+    with mock.patch.object(ReaderBarriersPass, "applies", lambda self, context: barriers):
         return src, out, rewrite_file(src, out, options)
+
+
+def _barred(out) -> list:
+    """The ops the rewrite at `out` reads through a barrier."""
+    from graphmem.formats import load_model
+    from graphmem.graph.workspace import Workspace
+
+    nodes = {n.name: n for n in Workspace.open(load_model(out)).graph_def.node}
+    return [nodes[n.input[0]] for n in nodes.values() if n.name.endswith("/graphmem_barrier")]
+
+
+def _trains_differently_without_barriers(tmp_path, save, policy: str, batch: int,
+                                         picks: tuple[str, ...] = ()) -> None:
+    """The rewrite trains bit for bit with Grappler on, and without barriers it does not:
+    the test sees the cause."""
+    from graphmem.runtime.train_runner import RunSpec
+    from graphmem.runtime.verify import verify
+
+    src, out, result = _barrier_rewrite(tmp_path, save, policy, batch, picks=picks)
+    assert result.plan.copied_ops > 0 and not result.reverted
+    assert result.passes["reader barriers"].barriers > 0
+    run = verify(str(src), str(out), RunSpec(batch_size=batch), 3, 0.0, 0.0)  # Grappler on
+    assert run.same_training, run.mismatches
+    assert run.max_loss_diff == 0 and run.max_variable_diff == 0
+
+    _, out_without, _ = _barrier_rewrite(tmp_path, save, policy, batch, barriers=False,
+                                         picks=picks)
+    run = verify(str(src), str(out_without), RunSpec(batch_size=batch), 3, 0.0, 0.0)
+    assert run.max_loss_diff > 0 or run.max_variable_diff > 0
 
 
 @pytest.mark.tf
@@ -186,35 +215,52 @@ def test_hard_swish_trains_bit_for_bit_with_grappler_on(tmp_path):
     and its copy were read once each, Grappler folded each into its reader's product (its
     constant folding made the division a product first) and multiplied by 1/6 first: the
     loss differed from the first step with Grappler on (2.4e-7 at batch 4). The division
-    and its copy are now marked as Grappler marks what it has rebuilt; the gradient's
-    `(x * g) / 6`, through the broadcast gradient's `Sum` and `Reshape`, is a product the
-    regroup guard keeps edges off; and copies named after their originals keep the order
-    Grappler sorts a product's inputs in by name."""
-    from graphmem.passes.reader_tags import GRAPPLER_TAGS
-    from graphmem.runtime.train_runner import RunSpec
-    from graphmem.runtime.verify import verify
+    is now read through a barrier (its copy, read by the copy of the product too, needs
+    none in this plan); the gradient's `(x * g) / 6`, through the
+    broadcast gradient's `Sum` and `Reshape`, is a product the regroup guard keeps edges
+    off; and copies named after their originals keep the order Grappler sorts a product's
+    inputs in by name."""
+    from tests.tf2_steps import save_hard_swish_step
 
-    src, out, result = _hard_swish_rewrite(tmp_path)
-    assert result.plan.copied_ops > 0 and not result.reverted
-    tags = result.passes["reader tags"]
-    assert tags.tagged > 0 and tags.left_alone == 0
-    run = verify(str(src), str(out), RunSpec(batch_size=4), 3, 0.0, 0.0)  # Grappler on
-    assert run.same_training, run.mismatches
-    assert run.max_loss_diff == 0 and run.max_variable_diff == 0
+    _trains_differently_without_barriers(tmp_path, save_hard_swish_step, "memory", 4)
+    barred = _barred(tmp_path / "out")
+    assert {n.op for n in barred} <= {"RealDiv", "Mul"}, [n.name for n in barred]
+    assert any(n.op == "RealDiv" and not is_copy(n.name) for n in barred)
 
-    from graphmem.formats import load_model
-    from graphmem.graph.workspace import Workspace
 
-    marked = [n for n in Workspace.open(load_model(out)).graph_def.node
-              if GRAPPLER_TAGS[0] in n.attr]
-    assert {n.op for n in marked} <= {"RealDiv", "Mul"}, [n.name for n in marked]
-    assert any(n.op == "RealDiv" for n in marked)
-    assert any(is_copy(n.name) for n in marked) and not all(is_copy(n.name) for n in marked)
+@pytest.mark.tf
+def test_consecutive_residual_adds_train_bit_for_bit_with_grappler_on(tmp_path):
+    """Linear bottlenecks (MobileNetV2/V3: no activation after a block's add, so the next
+    block's add reads it). The speed policy keeps the convolutions' outputs; a group
+    recomputing a block's add copied the add before it too, which the original's next
+    block and its gradients also read, and Grappler rebuilt both copies as one sum
+    (Keras MobileNetV3Large's speed rewrite summed two blocks' batch norm offsets first:
+    momentums 2e-9 apart after two steps). The earlier add's copy is now read through a
+    barrier."""
+    from tests.tf2_steps import save_linear_residual_step
 
-    # the same rewrite without the marks rounds differently: the test sees the cause
-    _, out_without, _ = _hard_swish_rewrite(tmp_path, tags=False)
-    run = verify(str(src), str(out_without), RunSpec(batch_size=4), 3, 0.0, 0.0)
-    assert run.max_loss_diff > 0 or run.max_variable_diff > 0
+    _trains_differently_without_barriers(tmp_path, save_linear_residual_step, "speed", 16)
+    barred = _barred(tmp_path / "out")
+    assert barred and all(is_copy(n.name) and n.op in ("Add", "AddV2") for n in barred)
+
+
+@pytest.mark.tf
+def test_a_product_read_through_a_forwarder_is_barred(tmp_path):
+    """Keras' swish hands `x * sigmoid(x)` on through an `IdentityN`, which Grappler
+    prunes: in the original, the product's readers are the `IdentityN`'s (the squeeze's
+    pooling, the excitation's product, gradients). A plan keeping the squeezes alone
+    (`--policy names`) copies the swish in two groups, one of whose copies only the
+    excitation's product reads, and Grappler folded it into that product (weights 7e-9
+    apart after three steps). Reads are now counted through forwarders."""
+    from functools import partial
+
+    from tests.tf2_steps import save_squeeze_excite_step
+
+    save = partial(save_squeeze_excite_step, side=32)
+    picks = ("/se_reduce[01][^/]*/BiasAdd:0$",)
+    _trains_differently_without_barriers(tmp_path, save, "names", 4, picks)
+    barred = _barred(tmp_path / "out")
+    assert any(is_copy(n.name) and n.op == "Mul" and "swish" in n.name for n in barred)
 
 
 @pytest.mark.tf

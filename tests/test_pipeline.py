@@ -47,10 +47,9 @@ def test_memory_policy_runs_recompute_and_the_schedule_passes():
     nodes = len(given)
     result = run_pipeline(context)
     assert list(result.plans) == ["recompute", "loop bodies", "in-place terms",
-                                  "split IdentityN", "loop sums", "last readers", "late terms",
-                                  "early updates", "removed ops guard", "regroup guard",
-                                  "reader tags",
-                                  "fusion guard"]
+                                  "split IdentityN", "loop sums", "reader barriers",
+                                  "last readers", "late terms", "early updates",
+                                  "removed ops guard", "regroup guard", "fusion guard"]
     assert all(isinstance(plan, PassPlan) for plan in result.plans.values())
     assert result.plans["recompute"].changed and result.plans["recompute"].copied_ops > 0
     assert "swap" not in result.plans  # not asked for

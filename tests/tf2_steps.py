@@ -164,6 +164,32 @@ def save_residual_step(path: Path, side: int = 32, blocks: int = 4, width: int =
     return _save_image_step(path, side, model)
 
 
+def save_linear_residual_step(path: Path, side: int = 16, blocks: int = 4,
+                              width: int = 16) -> Path:
+    """MobileNetV2/V3-style linear bottlenecks in small: a stem convolution, then `blocks`
+    blocks of a 1x1 convolution, batch norm and ReLU, a 1x1 projection and its batch norm
+    (built unfused: `x * mul + sub`) added to the block's input with no activation after,
+    so that each block's add reads the one before; global pooling and a dense head behind
+    a dropout (its `Shape` of the activation it masks stays: the batch is unknown); Keras'
+    SGD with momentum. Grappler rebuilds each add with its batch norm's `add_1`: a tree
+    whose root the next block's convolution and add, and its gradients, also read."""
+
+    def model(keras):
+        x = inputs = keras.Input((side, side, 3))
+        x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False, name="stem")(x)
+        for k in range(blocks):
+            y = keras.layers.Conv2D(2 * width, 1, use_bias=False, name=f"expand{k}")(x)
+            y = keras.layers.ReLU()(keras.layers.BatchNormalization(name=f"bn{k}a")(y))
+            y = keras.layers.Conv2D(width, 1, use_bias=False, name=f"project{k}")(y)
+            y = keras.layers.BatchNormalization(name=f"bn{k}b")(y)
+            x = keras.layers.Add(name=f"add{k}")([x, y])
+        x = keras.layers.GlobalAveragePooling2D()(x)
+        x = keras.layers.Dropout(0.2, seed=1)(x)
+        return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+    return _save_image_step(path, side, model)
+
+
 def _save_image_step(path: Path, side: int, layers, batch: int | None = None) -> Path:
     """A Keras model over side x side x 3 images (`layers(keras)`: a list of layers made a
     Sequential, or a model), a softmax cross entropy over its logits, Keras' SGD with
@@ -180,6 +206,9 @@ def _save_image_step(path: Path, side: int, layers, batch: int | None = None) ->
             self.model = built if isinstance(built, keras.Model) else \
                 keras.Sequential([keras.Input((side, side, 3)), *built])
             self.opt = keras.optimizers.SGD(0.01, momentum=0.9)
+            # a dropout's seed state is a variable the step updates: tracked, so it is saved
+            self.seeds = [layer.seed_generator.state for layer in self.model._flatten_layers()
+                          if getattr(layer, "seed_generator", None) is not None]
 
         @tf.function(input_signature=[tf.TensorSpec([batch, side, side, 3]),
                                       tf.TensorSpec([batch], tf.int32)])

@@ -141,6 +141,30 @@ def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True,
     return None
 
 
+def reads_through_forwarders(index: GraphIndex, t: Tensor, extra=None,
+                             dead: Set[int] = frozenset()) -> int:
+    """How many reads of tensor t Grappler counts once its pruner has removed the
+    forwarders (without control edges) between t and its readers: a forwarder's readers
+    count as t's (Keras' swish hands `x * sigmoid(x)` on through an `IdentityN` that
+    several ops read). `extra(index, tensor)`: reads to add for each tensor on the way."""
+    count = 0
+    todo, seen = [(t, 0)], set()
+    while todo:
+        u, depth = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if extra is not None:
+            count += extra(index, u)
+        for r, position in live_reads(index, u, dead):
+            if depth < MAX_FORWARDERS and index.ops[r] in FORWARDERS and _free(index, r) \
+                    and not kept_by_grappler(index, r):
+                todo.append(((r, position if index.ops[r] == "IdentityN" else 0), depth + 1))
+            else:
+                count += 1
+    return count
+
+
 def _plumbing(index: GraphIndex, r: int, position: int) -> bool:
     """Whether op r, reading its first input, is a broadcasting op's gradient plumbing that
     Grappler removes when both operands have one shape (broadcast_grads.py): the `Sum`

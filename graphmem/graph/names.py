@@ -17,6 +17,9 @@ _FIRST_COPY = re.compile(r"/" + COPY_SCOPE + r"_s([0-9]+)(?::[0-9]+)?$")
 # input `a/b:k` of group 7 is held by `a/b/hold_k/graphmem_hold_7`
 HOLD_SCOPE = "graphmem_hold"
 _HOLD_SUFFIX = re.compile(r"/hold_[0-9]+/" + HOLD_SCOPE + r"_[A-Za-z0-9_]+$")
+# the Identities Grappler keeps between an op and the sum or product reading it
+# (passes/reader_barriers.py): `a/b/graphmem_barrier`
+BARRIER_SCOPE = "graphmem_barrier"
 # every op a pass adds has a name component starting with this (graphmem_recompute/,
 # graphmem_swap/, .../graphmem_in_place/, ...)
 OWN_PREFIX = "graphmem_"
@@ -79,6 +82,11 @@ def copy_name(original: str, segment: str) -> str:
 def hold_name(op: str, output: int, group: str) -> str:
     """The name of the Identity of `op:output` that holds back the copies of `group`."""
     return f"{op}/hold_{output}/{HOLD_SCOPE}_{group}"
+
+
+def barrier_name(op: str) -> str:
+    """The name of the Identity through which op `op`'s one reader reads it."""
+    return f"{op}/{BARRIER_SCOPE}"
 
 
 def is_hold(name: str) -> bool:

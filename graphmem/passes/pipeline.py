@@ -28,7 +28,7 @@ from graphmem.passes.loop_recompute import LoopRecomputePass
 from graphmem.passes.loop_recompute_v1 import LoopRecomputeV1Pass
 from graphmem.passes.loop_sums import LoopSumsPass
 from graphmem.passes.pool_first import PoolFirstPass
-from graphmem.passes.reader_tags import ReaderTagsPass
+from graphmem.passes.reader_barriers import ReaderBarriersPass
 from graphmem.passes.recompute import RecomputePass
 from graphmem.passes.regroup_guard import RegroupGuardPass
 from graphmem.passes.removed_ops_guard import RemovedOpsGuardPass
@@ -39,14 +39,16 @@ from graphmem.passes.swap import SwapPass
 # passes then edit loop bodies (v2 functions, v1 frames) the copies left alone; swap moves
 # what recompute kept; a max pooling's gradient then masks its incoming gradient before it
 # scatters it (pool_first.py); large weight-decay terms are added into their gradients in
-# pieces; the schedule passes (an optimizer's IdentityN split, v1 loop sums, element-wise
+# pieces; an optimizer's IdentityN is split and v1 loop sums ordered; reader barriers then
+# keep Grappler from folding the products and sums the passes left with one reader into
+# that reader, once no later pass changes what reads what; the schedule passes (element-wise
 # last readers, late weight-decay terms, early updates, and late weight gradients, which
 # undo early updates where a gradient is far larger than its inputs) come next, as they
-# order what the others made; their edges are moved off the ops Grappler removes (which
-# would keep them, and change what Grappler makes of the ops around); the regroup guard keeps their edges off the sums and products Grappler
-# regroups (which would round differently), and reader tags mark the products and sums
-# they left with one reader so that Grappler does not regroup them either; the fusion guard checks the result as TF will
-# run it, with ops it merges as one
+# order what the others made, and add control edges only; their edges are moved off the
+# ops Grappler removes (which would keep them, and change what Grappler makes of the ops
+# around) and off the sums and products Grappler regroups (which would round
+# differently); the fusion guard checks the result as TF will run it, with ops it merges
+# as one
 REWRITE_PASSES: tuple[Pass, ...] = (
     RecomputePass(),
     LoopRecomputePass(),
@@ -56,13 +58,13 @@ REWRITE_PASSES: tuple[Pass, ...] = (
     InPlaceTermsPass(),
     SplitIdentityNPass(),
     LoopSumsPass(),
+    ReaderBarriersPass(),
     LastReadersPass(),
     LateTermsPass(),
     EarlyUpdatesPass(),
     LateGradientsPass(),
     RemovedOpsGuardPass(),
     RegroupGuardPass(),
-    ReaderTagsPass(),
     FusionGuardPass(),
 )
 

@@ -49,7 +49,7 @@ def rewrite_document(result: RewriteResult, output: str, plot: str | None = None
         "late_gradients": result.passes.get("late gradients"),
         "removed_ops_guard": result.passes.get("removed ops guard"),
         "regroup_guard": result.passes.get("regroup guard"),
-        "reader_tags": result.passes.get("reader tags"),
+        "reader_barriers": result.passes.get("reader barriers"),
         "fusion_guard": result.passes.get("fusion guard"),
         "loop_bodies_v1": _loops_v1_doc(result),
         "budget": None if result.budget is None else {
@@ -217,12 +217,12 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                       "products TensorFlow regroups (an edge on one would change its "
                       "rounding)" + (f"; {regroup.trees_changed} still differ and may round "
                                      "differently" if regroup.trees_changed else ""))
-    tags = result.passes.get("reader tags")
-    if tags is not None and (tags.tagged or tags.left_alone):
-        console.print(f"reader tags: {tags.tagged} products and sums read once where the "
-                      "original's were read more are marked so that TensorFlow does not "
-                      "regroup them" + (f"; {tags.left_alone} not marked (they may round "
-                                         "differently)" if tags.left_alone else ""))
+    barriers = result.passes.get("reader barriers")
+    if barriers is not None and barriers.barriers:
+        console.print(f"reader barriers: {barriers.barriers} sums and products read once "
+                      "by an op of their kind (the original's were read more) are read "
+                      "through an Identity TensorFlow keeps, so that it does not regroup "
+                      "them with that op")
     guard = result.passes.get("fusion guard")
     if guard is not None and guard.edges_removed:
         console.print(f"fusion guard: {guard.edges_removed} ordering edges left out (each "
