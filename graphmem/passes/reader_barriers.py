@@ -42,6 +42,7 @@ from graphmem.analysis.arithmetic_groups import (
     reads_through_forwarders,
 )
 from graphmem.analysis.pruning import KEEP_ATTR
+from graphmem.graph.builders import unique_name
 from graphmem.graph.index import GraphIndex, Tensor
 from graphmem.graph.names import barrier_name, original_name
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
@@ -69,10 +70,12 @@ def apply_reader_barriers(index: GraphIndex, original: GraphIndex) -> ReaderBarr
     index is stale after)."""
     barred: list[tuple[int, int, int]] = []  # (op, its reader, the input position read)
     for j, f, reader in _read_once(index, original):
-        if family(index, reader) == f:  # one of another family folds nothing
+        # a reader of another family folds nothing; an Identity needs the op's dtype
+        if family(index, reader) == f and index.dtype((j, 0)) is not None:
             barred.append((j, *live_reads(index, (j, 0))[0]))
+    made: set[str] = set()
     for j, reader, position in barred:
-        _read_through_barrier(index, j, reader, position)
+        _read_through_barrier(index, j, reader, position, made)
     return ReaderBarriersPlan(barriers=len(barred))
 
 
@@ -119,13 +122,16 @@ def _kept_shape_reads(index: GraphIndex, t: Tensor) -> int:
                any(index.ops[c] not in FOLDED_SHAPE_READERS for c in index.data_consumers(r)))
 
 
-def _read_through_barrier(index: GraphIndex, j: int, reader: int, position: int) -> None:
+def _read_through_barrier(index: GraphIndex, j: int, reader: int, position: int,
+                          made: set[str]) -> None:
     """Point input `position` of op `reader` at a new Identity of op j's result, kept by
     Grappler (its pruner would bypass it). Named after op j, it sorts beside it: Grappler
-    orders a commutative op's inputs by name."""
+    orders a commutative op's inputs by name (`made`: the names given so far; a graph
+    rewritten before may hold the name already)."""
     g = index.graph_def
     node = g.node[j]
-    name = barrier_name(node.name)
+    name = unique_name(barrier_name(node.name), lambda n: n in index.id_of or n in made)
+    made.add(name)
     barrier = g.node.add(name=name, op="Identity", device=node.device)
     barrier.input.append(node.name)
     barrier.attr["T"].type = index.dtype((j, 0))
