@@ -24,7 +24,7 @@ Cost: one pass over the nodes, and a walk up each tree from its root.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from graphmem.analysis.pruning import kept_by_grappler, unread_ops
@@ -141,8 +141,8 @@ def reader_through_forwarders(index: GraphIndex, t: Tensor, free: bool = True,
     return None
 
 
-def reads_through_forwarders(index: GraphIndex, t: Tensor, extra=None,
-                             dead: Set[int] = frozenset()) -> int:
+def reads_through_forwarders(index: GraphIndex, t: Tensor,
+                             extra: Callable[[GraphIndex, Tensor], int] | None = None) -> int:
     """How many reads of tensor t Grappler counts once its pruner has removed the
     forwarders (without control edges) between t and its readers: a forwarder's readers
     count as t's (Keras' swish hands `x * sigmoid(x)` on through an `IdentityN` that
@@ -156,7 +156,7 @@ def reads_through_forwarders(index: GraphIndex, t: Tensor, extra=None,
         seen.add(u)
         if extra is not None:
             count += extra(index, u)
-        for r, position in live_reads(index, u, dead):
+        for r, position in live_reads(index, u):
             if depth < MAX_FORWARDERS and index.ops[r] in FORWARDERS and _free(index, r) \
                     and not kept_by_grappler(index, r):
                 todo.append(((r, position if index.ops[r] == "IdentityN" else 0), depth + 1))

@@ -43,13 +43,13 @@ from graphmem.analysis.arithmetic_groups import (
 )
 from graphmem.analysis.pruning import KEEP_ATTR
 from graphmem.graph.builders import unique_name
-from graphmem.graph.index import GraphIndex, Tensor
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 from graphmem.graph.names import barrier_name, original_name
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan
 
-# ops that read a tensor's shape alone, which Grappler folds into a constant when static
-SHAPE_READERS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # the readers of a shape that Grappler folds away with it when a broadcast changes nothing
+# (analysis/broadcast_grads.py, which decides it per op from the static shapes at a batch
+# size; here the batch may be unknown, and any broadcast gradient's shape is taken)
 FOLDED_SHAPE_READERS = frozenset({"BroadcastGradientArgs", "Reshape"})
 
 
@@ -118,7 +118,7 @@ def _kept_shape_reads(index: GraphIndex, t: Tensor) -> int:
     if shape is not None and all(d >= 0 for d in shape):
         return 0
     return sum(1 for r in dict.fromkeys(index.consumers.get(t, []))
-               if index.ops[r] in SHAPE_READERS and
+               if index.ops[r] in SHAPE_ONLY_OPS and
                any(index.ops[c] not in FOLDED_SHAPE_READERS for c in index.data_consumers(r)))
 
 
