@@ -22,6 +22,18 @@ import statistics
 import sys
 
 from benchmarks.measure import measure
+from graphmem.units import format_bytes
+
+
+def table_unit(reference_bytes: float) -> tuple[float, str, int]:
+    """(divisor, unit, decimals) for a table of peaks near `reference_bytes`: whole MiB
+    for the large networks, KiB or tenths of a MiB for the small graphs, whose peaks
+    differ by less than a MiB (the fixtures' LSTM: 0.6 against 1.2 MiB)."""
+    if reference_bytes >= 100 * 2**20:
+        return 2**20, "MiB", 0
+    if reference_bytes >= 2**20:
+        return 2**20, "MiB", 2
+    return 2**10, "KiB", 1
 
 
 def main() -> None:
@@ -44,10 +56,12 @@ def main() -> None:
                 res = {"peak": m["peak"], "seconds": m["seconds"],
                        "highest": m["highests"][0], "losses": m["losses"][0]}
                 runs.setdefault((t, g), []).append(res)
-                print(f"round {r + 1}, {t} thread(s), {g}: {res['peak'] / 2**20:.0f} MiB, "
+                print(f"round {r + 1}, {t} thread(s), {g}: {format_bytes(res['peak'])}, "
                       f"{res['seconds']:.2f} s", file=sys.stderr, flush=True)
-    print("| threads | graph | peaks (MiB) | peak x first | step time x first | highest step "
-          "(MiB) | losses |")
+    div, unit, places = table_unit(statistics.median(
+        x["peak"] for x in runs[(threads[0], a.graphs[0])]))
+    print(f"| threads | graph | peaks ({unit}) | peak x first | step time x first | highest "
+          f"step ({unit}) | losses |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
         ref = runs[(t, a.graphs[0])]
@@ -58,10 +72,10 @@ def main() -> None:
             peak = statistics.median(x["peak"] for x in rs)
             secs = statistics.median(x["seconds"] for x in rs)
             same = all(x["losses"] == ref[0]["losses"] for x in rs)
-            peaks = ", ".join(f"{x['peak'] / 2**20:.0f}" for x in rs)
+            peaks = ", ".join(f"{x['peak'] / div:.{places}f}" for x in rs)
             print(f"| {t} | {g} | {peaks} | "
                   f"{peak / ref_peak:.2f} | {secs / ref_time:.2f} | "
-                  f"{max(x['highest'] for x in rs) / 2**20:.0f} | "
+                  f"{max(x['highest'] for x in rs) / div:.{places}f} | "
                   f"{'same' if same else 'DIFFER'} |")
 
 
