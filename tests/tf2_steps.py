@@ -190,29 +190,6 @@ def save_linear_residual_step(path: Path, side: int = 16, blocks: int = 4,
     return _save_image_step(path, side, model)
 
 
-def save_convnext_step(path: Path, side: int = 32, blocks: int = 4, width: int = 16) -> Path:
-    """ConvNeXt in small: a strided stem convolution, then `blocks` residual blocks of a 7x7
-    depthwise convolution, a layer norm, a 4x pointwise `Dense` with exact GELU and a
-    pointwise `Dense` back, each added to the block's input. What a block holds for its
-    gradients is mostly what cheap ops (the layer norm, the GELU) make from a convolution's
-    or a matmul's output: the speed policy's plan keeps those outputs and recomputes the
-    rest, lower than any cut of the chain of blocks."""
-
-    def model(keras):
-        x = inputs = keras.Input((side, side, 3))
-        x = keras.layers.Conv2D(width, 4, strides=2, padding="same")(x)
-        for _ in range(blocks):
-            y = keras.layers.DepthwiseConv2D(7, padding="same")(x)
-            y = keras.layers.LayerNormalization(epsilon=1e-6)(y)
-            y = keras.layers.Dense(4 * width, activation="gelu")(y)
-            y = keras.layers.Dense(width)(y)
-            x = keras.layers.Add()([x, y])
-        x = keras.layers.GlobalAveragePooling2D()(x)
-        return keras.Model(inputs, keras.layers.Dense(10)(x))
-
-    return _save_image_step(path, side, model)
-
-
 def _save_image_step(path: Path, side: int, layers, batch: int | None = None) -> Path:
     """A Keras model over side x side x 3 images (`layers(keras)`: a list of layers made a
     Sequential, or a model), a softmax cross entropy over its logits, Keras' SGD with

@@ -694,7 +694,7 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
     budget is bisected between the plans that fit and those that do not. Leaves the chosen
     plan applied (`BudgetCandidate.applied`). `search_model`: the memory policy's candidates
     include the model's lowest plans (see memory_candidates)."""
-    from graphmem.passes.checkpoints import candidate_tensors
+    from graphmem.passes.checkpoints import candidate_tensors, choose_checkpoints
 
     runs: list[BudgetCandidate] = []
     tried: dict[tuple[bool, ...], bool] = {}  # plan (units recomputed) -> fits the budget
@@ -758,6 +758,7 @@ def search_budget(index: GraphIndex, regions, facts, batch_size: int | None, bud
     memory_runs = memory_candidates(index, regions, facts, batch_size, base_peak, runner,
                                     search_model)
     runs.extend(memory_runs)
+    candidate("speed", choose_checkpoints("speed", index, regions, facts, batch_size))
     # the memory policy's own pick, as it makes it (a budget at the memory policy's peak
     # can be met at no more recompute), and the lowest plan with late copies, unless the
     # pick already tried that one
@@ -804,7 +805,6 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
     best.applied = runner.apply(best.choice)
     how = {"memory": "the bottleneck heuristic's plan",
            "memory_top": "the bottleneck heuristic's plan with its top segment kept",
-           "speed": "the speed policy's plan (matmul and convolution outputs kept)",
            "budget": "the budget model's plan"}[best.policy]
     if not best.choice.lead:
         how += ", each segment recomputed just before its own gradient ops"
@@ -1045,9 +1045,7 @@ def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
                       search_model: bool) -> list[BudgetCandidate]:
     """The memory policy's candidate plans, each applied, estimated and undone: the
     bottleneck heuristic's (about sqrt(N) bottlenecks spaced by bytes, and the same with its
-    top segment kept), the speed policy's (so that the memory policy never writes a plan
-    the speed policy beats on both peak and recompute) and, with `search_model`, the
-    budget model's lowest plans (every unit
+    top segment kept) and, with `search_model`, the budget model's lowest plans (every unit
     recomputed with the best cuts kept, and the cheapest plans modelled MEMORY_PROBES above
     that), with and without the units' weight-gradient transients in the model. All are
     estimated: the heuristic spaces cuts by bytes alone and keeps adjacent tensors; the
@@ -1082,14 +1080,6 @@ def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
                                                       candidates))
     if top.tensors != heuristic.tensors:
         run("memory_top", top)
-    # the speed policy's plan: where the large tensors are what cheap ops make from a
-    # matmul's or a convolution's output (ConvNeXt's layer norms and 4x GELUs), keeping
-    # those outputs and recomputing the rest beats every cut of the spine (Keras'
-    # ConvNeXtSmall at 224 px, batch 32: estimated 1529 MiB against the memory policy's
-    # 2247 MiB before, at the same modelled step time)
-    speed = choose_checkpoints("speed", index, regions, facts, batch_size)
-    if speed.tensors:
-        run("speed", speed)
     if not search_model:
         return runs
     if base_peak is None:
