@@ -27,8 +27,8 @@ from graphmem.units import format_bytes
 
 def table_unit(reference_bytes: float) -> tuple[float, str, int]:
     """(divisor, unit, decimals) for a table of peaks near `reference_bytes`: whole MiB
-    for the large networks, KiB or tenths of a MiB for the small graphs, whose peaks
-    differ by less than a MiB (the fixtures' LSTM: 0.6 against 1.2 MiB)."""
+    for the large networks, hundredths of a MiB or tenths of a KiB for the small graphs,
+    whose peaks differ by less than a MiB (the fixtures' LSTM: 0.6 against 1.2 MiB)."""
     if reference_bytes >= 100 * 2**20:
         return 2**20, "MiB", 0
     if reference_bytes >= 2**20:
