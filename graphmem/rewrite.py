@@ -19,7 +19,6 @@ from graphmem.analysis.towers import gated_peak
 from graphmem.background import Background
 from graphmem.formats import LoadedModel, load_model, save_model, save_unchanged
 from graphmem.graph import dtypes
-from graphmem.graph.index import nbytes
 from graphmem.graph.workspace import Workspace
 from graphmem.passes.base import PassContext, PassPlan
 from graphmem.passes.checkpoints import CheckpointChoice, choose_checkpoints
@@ -323,7 +322,7 @@ def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOpt
 def _checkpoint_facts(index, tensors, batch_size) -> list[CheckpointFact]:
     return [CheckpointFact(index.tensor_name(t), index.shape(t),
                            dtypes.name(index.dtype(t) or 0),
-                           nbytes(index.shape(t), index.dtype(t), batch_size))
+                           index.tensor_bytes(t, batch_size))
             for t in tensors]
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from graphmem.graph.index import GraphIndex, Tensor, num_elements, static_shape
+from graphmem.graph.index import GraphIndex, Tensor
 
 # TF's ReductionOp kernels: the "reduces nothing" case shares the input buffer
 REDUCTION_OPS = frozenset({"Sum", "Mean", "Prod", "Max", "Min", "All", "Any",
@@ -43,10 +43,10 @@ def forwarding_reductions(index: GraphIndex, nodes: set[int] | None,
         if ops[i] not in REDUCTION_OPS or len(data_inputs[i]) < 2:
             continue
         data, axes = data_inputs[i][0], data_inputs[i][1]
-        n_in = num_elements(index.shape(data), batch_size)
+        n_in = index.num_elements(data, batch_size)
         if n_in is None:
             continue
-        n_out = num_elements(index.shape((i, 0)), batch_size)
+        n_out = index.num_elements((i, 0), batch_size)
         if n_out == n_in or _broadcast_side_unreduced(index, axes, batch_size):
             out.add(i)
     return out
@@ -106,14 +106,14 @@ def _drops_read(index: GraphIndex, reader: int, shape_op: int, folded: set[int],
     value, target = index.data_inputs[reader][0], index.data_inputs[reader][1]
     if target[0] != shape_op:
         return False
-    before = static_shape(index.shape(value), batch_size)
+    before = index.static_shape(value, batch_size)
     if before is None and index.ops[value[0]] in REDUCTION_OPS:
         # a sum over the axes of a folded BroadcastGradientArgs reduces nothing: its
         # value has its input's shape (which static shapes do not say: the axes are
         # computed)
         ins = index.data_inputs[value[0]]
         if len(ins) > 1 and ins[1][0] in folded:
-            before = static_shape(index.shape(ins[0]), batch_size)
+            before = index.static_shape(ins[0], batch_size)
     return before is not None and before == _shape_read(index, target, batch_size)
 
 
@@ -149,4 +149,4 @@ def _shape_read(index: GraphIndex, t: Tensor, batch_size: int | None) -> list[in
     s = t[0]
     if index.ops[s] != "Shape" or not index.data_inputs[s] or t[1] != 0:
         return None
-    return static_shape(index.shape(index.data_inputs[s][0]), batch_size)
+    return index.static_shape(index.data_inputs[s][0], batch_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import prod
 
-from graphmem.graph.index import FUNCTION_CALLS, GraphIndex, num_elements
+from graphmem.graph.index import FUNCTION_CALLS, GraphIndex
 from graphmem.graph.names import is_copy
 
 _MATMUL = {"MatMul": ("transpose_a", False), "_FusedMatMul": ("transpose_a", False),
@@ -19,7 +19,7 @@ _CONV = {"Conv2D", "_FusedConv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBac
 
 
 def op_flops(index: GraphIndex, i: int, batch_size: int | None) -> int:
-    out = num_elements(index.shape((i, 0)), batch_size)
+    out = index.num_elements((i, 0), batch_size)
     if out is None:
         return 1
     op = index.ops[i]
@@ -93,7 +93,7 @@ def op_times(index: GraphIndex, nodes, batch_size: int | None) -> list[float]:
             # per element of the update
             update = data_inputs[i][2:]
             moved = 3 * read(update)
-            flops = sum(num_elements(index.shape(t), batch_size) or 0 for t in update)
+            flops = sum(index.num_elements(t, batch_size) or 0 for t in update)
         elif ops[i] in _PART_READERS:  # its slice read and written, and the indices read
             moved = 2 * written + read(data_inputs[i][1:])
             flops = op_flops(index, i, batch_size)
@@ -103,7 +103,7 @@ def op_times(index: GraphIndex, nodes, batch_size: int | None) -> list[float]:
         if ops[i] in _CONV_GRADIENTS and len(data_inputs[i]) == 3:
             # the convolution's multiply-adds: per element of the incoming gradient, the
             # filter's height x width x input channels
-            grad = num_elements(index.shape(data_inputs[i][2]), batch_size) or 0
+            grad = index.num_elements(data_inputs[i][2], batch_size) or 0
             f = index.shape((i, 0) if ops[i] == "Conv2DBackpropFilter" else data_inputs[i][1])
             flops = 2 * grad * prod(f[:-1]) if f and len(f) == 4 and all(
                 d > 0 for d in f) else grad

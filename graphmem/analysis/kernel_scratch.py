@@ -34,7 +34,7 @@ from collections.abc import Callable
 from functools import cache
 
 from graphmem.graph import dtypes
-from graphmem.graph.index import GraphIndex, attr_of, num_elements
+from graphmem.graph.index import GraphIndex, attr_of
 
 _L2_BYTES = 256 << 10  # the kernels' fixed cache sizes (conv_grad_input_ops.h)
 _WORKING_SET_BYTES = 30 << 20
@@ -98,7 +98,7 @@ def scratch_model(index: GraphIndex, batch_size: int | None,
             return _conv2d_backprop(index, i, op, batch_size)
         if op == "MaxPoolGrad":
             ins = index.data_inputs[i]
-            return 8 * (num_elements(index.shape(ins[1]), batch_size) or 0) if len(ins) > 1 else 0
+            return 8 * (index.num_elements(ins[1], batch_size) or 0) if len(ins) > 1 else 0
         return 0
 
     return scratch

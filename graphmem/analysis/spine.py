@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from graphmem.analysis.activations import ForwardFacts
 from graphmem.analysis.dominators import bottlenecks
 from graphmem.analysis.regions import Regions, SavedActivation
-from graphmem.graph.index import GraphIndex, Tensor, nbytes
+from graphmem.graph.index import GraphIndex, Tensor
 
 
 @dataclass
@@ -83,7 +83,7 @@ def _cut_sweep(index, order, pos, spine, batch_size):
                 last_read[(s, k)] = pos[v]
     delta = [0] * (len(order) + 1)
     for t, last in last_read.items():
-        size = nbytes(index.shape(t), index.dtype(t), batch_size) or 1
+        size = index.tensor_bytes(t, batch_size) or 1
         delta[pos[t[0]]] += size
         delta[last] -= size
     cut_bytes, running = [], 0

@@ -19,6 +19,7 @@ from graphmem import protos
 from graphmem.background import Background
 from graphmem.errors import InputError
 from graphmem.graph import dtypes
+from graphmem.graph.leading_dims import resolve_leading_dims
 from graphmem.graph.names import parse_input
 from graphmem.graph.opdefs import OpRegistry
 from graphmem.native import native
@@ -66,6 +67,7 @@ class GraphIndex:
     # parsed `_output_shapes` by their serialized form (lists shared, never mutated)
     _shape_cache: dict[bytes, list] = field(default_factory=dict)
     _bytes: dict[int | None, list] = field(default_factory=dict)
+    _leading: dict[int, dict] = field(default_factory=dict)  # leading_dims, per batch size
     _dead: list[bool] | None = None  # may_be_dead, computed on first use
     # for opdef_check: nodes whose dtypes were guessed (no OpDef), and on a fresh compiled
     # read, each node's check signature (op and attrs, the contents of shapes and tensors
@@ -469,6 +471,8 @@ class GraphIndex:
         if cache is None:
             cache = self._bytes[batch_size] = [None] * len(self.names)
         shapes_of, out_dtypes, num_outputs = self.shapes_of, self.out_dtypes, self.num_outputs
+        leading = self.leading_dims(batch_size)
+        resolved = {t[0] for t in leading}
         # shape and dtype lists are shared between nodes of the same signature (see
         # _shape_cache, _SignatureCache): so are their sizes
         # (the entry holds the lists it was computed from, so their ids stay theirs)
@@ -476,7 +480,10 @@ class GraphIndex:
 
         def sizes_of(i: int) -> list[int | None]:
             found = cache[i]
-            if found is None:
+            if found is None and i in resolved:
+                found = cache[i] = [self.tensor_bytes((i, k), batch_size)
+                                    for k in range(num_outputs[i])]
+            elif found is None:
                 shapes = shapes_of(i) or ()
                 types = out_dtypes[i] or ()
                 key = (id(shapes), id(types), num_outputs[i])
@@ -490,6 +497,41 @@ class GraphIndex:
             return found
 
         return sizes_of
+
+    def leading_dims(self, batch_size: int | None) -> dict[Tensor, int]:
+        """Outputs whose unknown leading dimension is not the batch size (a reshape's
+        `[-1, n]` over batch x positions), with its value at `batch_size`: see
+        `leading_dims.resolve_leading_dims`. Computed once per batch size."""
+        if not batch_size:
+            return {}
+        found = self._leading.get(batch_size)
+        if found is None:
+            found = self._leading[batch_size] = resolve_leading_dims(self, batch_size)
+        return found
+
+    def static_shape(self, t: Tensor, batch_size: int | None) -> list[int] | None:
+        """Tensor t's static shape at `batch_size` (its unknown leading dimension resolved
+        as `leading_dims` says, else the batch size); None when a dimension stays unknown."""
+        shape = self.shape(t)
+        rows = self.leading_dims(batch_size).get(t) if shape and shape[0] < 0 else None
+        return static_shape(shape if rows is None else [rows, *shape[1:]], batch_size)
+
+    def num_elements(self, t: Tensor, batch_size: int | None) -> int | None:
+        """Elements of tensor t at `batch_size` (`static_shape`); None when unknown."""
+        dims = self.static_shape(t, batch_size)
+        if dims is None:
+            return None
+        n = 1
+        for d in dims:
+            n *= d
+        return n
+
+    def tensor_bytes(self, t: Tensor, batch_size: int | None) -> int | None:
+        """Bytes of tensor t at `batch_size`; None when its size or dtype is unknown."""
+        dtype = self.dtype(t)
+        size = dtypes.itemsize(dtype) if dtype is not None else None
+        n = self.num_elements(t, batch_size) if size is not None else None
+        return None if n is None else size * n
 
     def output_sizes(self, batch_size: int | None) -> list[list[int | None]]:
         """`output_bytes` of every node at once, as the list its cache holds: for loops
@@ -655,6 +697,7 @@ class GraphIndex:
         """Fill shapes (and dtypes) found by TensorFlow's shape inference; with `override`,
         also replace shapes the graph carried when the new ones know more."""
         self._bytes.clear()
+        self._leading.clear()
         for name, value in shapes.items():
             i = self.id_of.get(name)
             if i is None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from graphmem.analysis.cost import op_flops
 from graphmem.analysis.spine import Spine
 from graphmem.errors import UsageError
-from graphmem.graph.index import GraphIndex, Tensor, nbytes
+from graphmem.graph.index import GraphIndex, Tensor
 from graphmem.graph.names import copy_segment, is_copy
 from graphmem.units import format_bytes, parse_size
 
@@ -141,7 +141,7 @@ def _weight_bytes(index: GraphIndex, t: Tensor, batch_size: int | None) -> int:
 
     if not is_parameter_read(index, t[0]):
         return 0
-    return nbytes(index.shape(t), index.dtype(t), batch_size) or 0
+    return index.tensor_bytes(t, batch_size) or 0
 
 
 def grad_bytes(units: Units) -> list[int]:

@@ -20,7 +20,7 @@ from graphmem.analysis.regions import Regions
 from graphmem.errors import InputError, UsageError
 from graphmem.graph.builders import identity_node
 from graphmem.graph.devices import normalize_device
-from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor, nbytes
+from graphmem.graph.index import SHAPE_ONLY_OPS, GraphIndex, Tensor
 from graphmem.graph.names import input_string, is_copy, parse_input
 from graphmem.passes.base import Edits, Pass, PassContext, PassPlan, skip
 from graphmem.passes.recompute import NO_DATA_READERS
@@ -118,7 +118,7 @@ def choose_swap_tensors(index: GraphIndex, regions: Regions, options: SwapOption
         if index.in_loop(i) or index.is_control_flow(i):
             skip(plan, "inside a loop")
             continue
-        size = nbytes(s.shape, s.dtype, batch_size)
+        size = index.tensor_bytes(s.tensor, batch_size)
         if size is None:
             skip(plan, "unknown size")
             continue
@@ -181,7 +181,7 @@ def _swap_tensors(index: GraphIndex, regions: Regions, tensors: list[Tensor],
         out_node = _identity(f"{base}/out", input_string(index.names[src], t[1]),
                              options.host, index, t)
         new_nodes.append(out_node)
-        size = nbytes(index.shape(t), index.dtype(t), batch_size)
+        size = index.tensor_bytes(t, batch_size)
         for n, (group, trigger, distance, how) in enumerate(triggered):
             in_node = _identity(f"{base}/in_{n}", out_node.name, device, index, t)
             in_node.input.append("^" + index.names[trigger])
