@@ -72,7 +72,7 @@ def tradeoff(path, batch_size: int | None, fmt=None, tag=None, function=None,
         regions = analyze_regions(index, backward_scopes, batch_size, ws.collection("losses"))
     facts = analyze_forward(index, regions)
     original = estimate_step(ws, regions, batch_size).peak_bytes
-    floor = step_floor(index, regions, batch_size)
+    floor = step_floor(index, regions, batch_size, ws.model.graph_def.library)
     spine = analyze_spine(index, regions, facts, set(candidate_tensors(index, regions, facts)),
                           batch_size)
     units = build_units(index, spine, batch_size)

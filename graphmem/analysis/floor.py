@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from google.protobuf.message import Message
+
 from graphmem.analysis.decay_terms import DecayJoin, decay_joins
 from graphmem.analysis.identity_bypass import bypassed_identityn
 from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
@@ -40,7 +42,8 @@ class Floor:
     parts: list[FloorPart] = field(default_factory=list)  # largest first
 
 
-def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None) -> Floor:
+def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None,
+               library: Message | None = None) -> Floor:
     """The floor of `index`'s training step (see the module docstring). An output as large
     as one of the op's inputs is not counted: the kernel may write it into that input's
     buffer (TF forwards buffers a kernel reads for the last time)."""
@@ -48,7 +51,7 @@ def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None) -> F
     # an IdentityN Grappler bypasses never runs: its inputs need not live together
     step = step.difference(bypassed_identityn(index, step))
     sizes = index.output_sizes(batch_size)
-    scratch = scratch_model(index, batch_size)
+    scratch = scratch_model(index, batch_size, library=library)
     feeds = [(i, 0) for i in step if index.ops[i] in FEED_OPS and index.num_outputs[i]]
     feed_bytes = {t: sizes[t[0]][0] or 0 for t in feeds}
     total_feeds = sum(feed_bytes.values())

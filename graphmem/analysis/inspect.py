@@ -135,7 +135,8 @@ def gather_facts(ws: Workspace, batch_size: int | None, backward_scopes=None,
         estimated_on="grappler" if grappler else "graph",
         timeline=mem.timeline if mem else [],
         estimate_notes=mem.notes if mem else [],
-        floor=floor_facts(step_floor(index, regions, batch_size)) if mem else {},
+        floor=floor_facts(step_floor(index, regions, batch_size, model.graph_def.library))
+        if mem else {},
     )
     return facts, regions
 

@@ -22,6 +22,18 @@ own source ships with TF in `tensorflow/include/tensorflow/core/kernels/`):
   convolution gradients take the column buffers above (traced: 32 MiB for each of a small
   Keras CNN's, whose step the estimate had at 0.4 MiB).
 
+- Whatever the kernels, a function call TF compiles with XLA (`_XlaMustCompile`: Keras 3
+  runs a grouped convolution so on CPU, where TF has no kernel for it, a depthwise one
+  included: ConvNeXt's 7x7 convolutions) holds XLA's temporary buffer while it runs. For
+  the gradient of a depthwise convolution written as a grouped one (one input channel per
+  group), XLA on CPU computes the filter gradient as a dense convolution, [k, k, C, C],
+  then keeps its diagonal: traced on TF 2.21 (a jit-compiled `Conv2DBackpropFilter`, one
+  allocation the profiler names no op for), exactly twice the dense filter once it passes
+  the input's size (220.5 MiB for Keras ConvNeXtSmall's last stage, 7 x 7 x 768 x 768
+  floats x 2, at any batch size), else up to twice the input. Counted as twice the dense
+  filter plus twice the input, which was at or above every size traced (1-8% above where
+  the dense filter dominates).
+
 The allocator may hand such a buffer a larger free chunk (up to twice the request); this
 module gives the request.
 """
@@ -32,6 +44,8 @@ import os
 import sys
 from collections.abc import Callable
 from functools import cache
+
+from google.protobuf.message import Message
 
 from graphmem.graph import dtypes
 from graphmem.graph.index import GraphIndex, attr_of
@@ -79,19 +93,25 @@ def _cpu_flags() -> frozenset[str]:
 
 def scratch_model(index: GraphIndex, batch_size: int | None,
                   onednn: bool | None = None,
-                  onednn_half: bool | None = None) -> Callable[[int], int]:
+                  onednn_half: bool | None = None,
+                  library: Message | None = None) -> Callable[[int], int]:
     """A function node id -> bytes of scratch its kernel allocates while it runs. With
     oneDNN on, only float16 kernels it cannot run (`onednn_half`, default: as on this
-    CPU) are Eigen's and have scratch."""
+    CPU) are Eigen's and have scratch. Calls of functions XLA compiles (their bodies in
+    `library`, default the graph's own) hold XLA's temporary buffer."""
     on = onednn if onednn is not None else onednn_enabled()
     half_on_eigen = on and not (onednn_half if onednn_half is not None
                                 else onednn_runs_half())
+    xla = xla_call_scratch(index, batch_size,
+                           library if library is not None else index.graph_def.library)
     if on and not half_on_eigen:
-        return lambda i: 0
+        return (lambda i: xla.get(i, 0)) if xla else (lambda i: 0)
     ops = index.ops
 
     def scratch(i: int) -> int:
         op = ops[i]
+        if xla and i in xla:
+            return xla[i]
         if not has_scratch(op) or (on and index.dtype((i, 0)) != dtypes.HALF):
             return 0  # a kernel without scratch, or oneDNN's
         if op.startswith("Conv2DBackprop"):
@@ -104,10 +124,55 @@ def scratch_model(index: GraphIndex, batch_size: int | None,
     return scratch
 
 
+def xla_call_scratch(index: GraphIndex, batch_size: int | None,
+                     library: Message) -> dict[int, int]:
+    """Call node id -> bytes of XLA's temporary buffer, for calls of XLA-compiled functions
+    holding a depthwise convolution's filter gradient (see the module docstring)."""
+    if not library.function:
+        return {}
+    calls = [i for i, op in enumerate(index.ops) if op in _CALLS]
+    if not calls:
+        return {}
+    bodies = {f.signature.name: f for f in library.function}
+    found: dict[int, int] = {}
+    for i in calls:
+        node = index.node(i)
+        body = bodies.get(attr_of(node, "f").func.name)
+        if body is None or not (attr_of(node, "_XlaMustCompile").b
+                                or ("_XlaMustCompile" in body.attr
+                                    and body.attr["_XlaMustCompile"].b)):
+            continue
+        args = {a.name: k for k, a in enumerate(body.signature.input_arg)}
+        ins = index.data_inputs[i]
+        best = 0
+        for inner in body.node_def:
+            if inner.op != "Conv2DBackpropFilter" or not inner.input \
+                    or attr_of(inner, "data_format").s not in (b"", b"NHWC"):
+                continue
+            k = args.get(inner.input[0].split(":")[0])
+            shapes = attr_of(inner, "_output_shapes").list.shape
+            if k is None or k >= len(ins) or len(shapes) != 1 or len(shapes[0].dim) != 4:
+                continue
+            kh, kw, per_group, out_channels = (d.size for d in shapes[0].dim)
+            x = index.static_shape(ins[k], batch_size)
+            itemsize = dtypes.itemsize(index.dtype(ins[k]) or 0)
+            if x is None or len(x) != 4 or not itemsize or per_group != 1 or x[3] <= 1 \
+                    or min(kh, kw, out_channels) <= 0:
+                continue
+            dense = kh * kw * x[3] * out_channels * itemsize
+            best = max(best, 2 * (dense + x[0] * x[1] * x[2] * x[3] * itemsize))
+        if best:
+            found[i] = best
+    return found
+
+
 def has_scratch(op: str) -> bool:
     """Whether kernels of op type `op` may allocate scratch (scratch_model is 0 for the
     others: callers asking per op can skip it by type)."""
-    return op.startswith("Conv2DBackprop") or op == "MaxPoolGrad"
+    return op.startswith("Conv2DBackprop") or op == "MaxPoolGrad" or op in _CALLS
+
+
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # XLA may compile them
 
 
 def _conv2d_backprop(index: GraphIndex, i: int, op: str, batch_size: int | None) -> int:

@@ -188,7 +188,8 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
     variables = persistent_buffers(index)
     on = onednn if onednn is not None else onednn_enabled()
     run_in = _Simulation(index, batch_size, host, keep_timeline, top, loops,
-                         scratch_model(index, batch_size, on), allocator,
+                         scratch_model(index, batch_size, on, library=library),
+                         allocator,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes,
                          frozenset() if on else FIRST_INPUT_FORWARDING_OPS)
     if order is not None or schedule != "executor":
