@@ -39,6 +39,7 @@ class GraphIndex(Protocol):
     def node(self, i: int) -> Message: ...
     def data_consumers(self, i: int) -> list[int]: ...
 
+
 # ops whose output's leading dimension is set by their shape argument, not by an input's
 _RESHAPES = frozenset({"Reshape"})
 # ops whose output rows are those of their first input (unless it is read transposed)
