@@ -320,7 +320,7 @@ def early_updates_peak(ws: Workspace, index, regions, facts, options: RewriteOpt
 
 
 def _checkpoint_facts(index, tensors, batch_size) -> list[CheckpointFact]:
-    return [CheckpointFact(index.tensor_name(t), index.shape(t),
+    return [CheckpointFact(index.tensor_name(t), index.shape_at(t, batch_size),
                            dtypes.name(index.dtype(t) or 0),
                            index.tensor_bytes(t, batch_size))
             for t in tensors]

@@ -47,6 +47,8 @@ def test_reshaped_rows_are_sized_as_batch_times_positions():
     assert t["flat"] not in found and ix.tensor_bytes(t["flat"], B) == B * T * D * 4
     assert t["first"] not in found  # a slice's rows are not its input's
     assert ix.output_bytes(B)(t["mm"][0]) == [B * T * N * 4]
+    # reports show the resolved rows; a batch dimension stays unknown (`?`)
+    assert ix.shape_at(t["mm"], B) == [B * T, N] and ix.shape_at(t["flat"], B) == [-1, T * D]
     assert ix.leading_dims(None) == {} and ix.tensor_bytes(t["mm"], None) is None
 
 

@@ -271,7 +271,7 @@ class _Simulation:
             at_peak = [(-b, born, buf) for buf, b, born, freed in run.lifetimes
                        if born <= run.peak_pos <= freed]
             at_peak.sort()  # largest first, then in the order they were allocated
-            live_at_peak = [_live_tensor(index, loops, buf, -b)
+            live_at_peak = [_live_tensor(index, loops, buf, -b, self.batch_size)
                             for b, _, buf in at_peak[:self.top]]
         return MemoryEstimate(run.peak, sum(b for _, b in variables), run.peak_pos,
                               index.names[order[run.peak_pos]] if order else "",
@@ -281,7 +281,8 @@ class _Simulation:
                               order=list(order) if self.keep_timeline else [])
 
 
-def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> LiveTensor:
+def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int,
+                 batch_size: int | None) -> LiveTensor:
     if buf[1] == _STACK:  # the earlier elements of a v1 stack, named after its push
         steps = loops.push_steps.get(buf[0], 1)
         ins = index.data_inputs[buf[0]]
@@ -294,7 +295,9 @@ def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int) -> Li
         var = index.names[ins[j][0]] if j < len(ins) else "?"
         return LiveTensor(f"{var} (kept by a read while {index.names[buf[0]]} writes a copy)",
                           b, None)
-    return LiveTensor(index.tensor_name(buf), b, index.shape(buf))
+    # a leading dimension that is not the batch size shown resolved (`[25088, 384]`, not
+    # `[?, 384]` beside 37 MiB)
+    return LiveTensor(index.tensor_name(buf), b, index.shape_at(buf, batch_size))
 
 
 _STACK = -1  # output index of the virtual buffer that holds a v1 stack's earlier elements

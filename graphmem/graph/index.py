@@ -509,7 +509,7 @@ class GraphIndex:
             found = self._leading[batch_size] = resolve_leading_dims(self, batch_size)
         return found
 
-    def _shape_at(self, t: Tensor, batch_size: int | None) -> list[int] | None:
+    def shape_at(self, t: Tensor, batch_size: int | None) -> list[int] | None:
         """Tensor t's static shape with its unknown leading dimension as `leading_dims`
         resolves it (left unknown, for the batch size, where it does not)."""
         shape = self.shape(t)
@@ -519,15 +519,15 @@ class GraphIndex:
     def static_shape(self, t: Tensor, batch_size: int | None) -> list[int] | None:
         """Tensor t's static shape at `batch_size` (its unknown leading dimension resolved
         as `leading_dims` says, else the batch size); None when a dimension stays unknown."""
-        return static_shape(self._shape_at(t, batch_size), batch_size)
+        return static_shape(self.shape_at(t, batch_size), batch_size)
 
     def num_elements(self, t: Tensor, batch_size: int | None) -> int | None:
         """Elements of tensor t at `batch_size` (`static_shape`); None when unknown."""
-        return num_elements(self._shape_at(t, batch_size), batch_size)
+        return num_elements(self.shape_at(t, batch_size), batch_size)
 
     def tensor_bytes(self, t: Tensor, batch_size: int | None) -> int | None:
         """Bytes of tensor t at `batch_size`; None when its size or dtype is unknown."""
-        return nbytes(self._shape_at(t, batch_size), self.dtype(t), batch_size)
+        return nbytes(self.shape_at(t, batch_size), self.dtype(t), batch_size)
 
     def output_sizes(self, batch_size: int | None) -> list[list[int | None]]:
         """`output_bytes` of every node at once, as the list its cache holds: for loops
