@@ -42,10 +42,13 @@ def test_a_depthwise_filter_gradient_compiled_by_xla_holds_twice_the_dense_filte
     assert xla_call_scratch(ix, B, library) == {call: expected}
     assert scratch_model(ix, B, onednn=True, library=library)(call) == expected
     assert scratch_model(ix, B, onednn=False, library=library)(call) == expected
-    # not compiled, or a grouped convolution of several channels per group: nothing
-    assert xla_call_scratch(*_xla_call_graph(xla=False)[:1], B, library) == {}
+    assert xla_call_scratch(*_xla_call_graph(xla=False)[:1], B, library) == {}  # no XLA
+    # several channels per group: the filter stays grouped
     ix2, library2 = _xla_call_graph(xla=True, per_group=2)
-    assert xla_call_scratch(ix2, B, library2) == {}
+    assert xla_call_scratch(ix2, B, library2) == {
+        ix2.id_of["grads"]: 2 * (K * K * 2 * C * 4 + B * SIDE * SIDE * C * 4)}
+    ix3, library3 = _xla_call_graph(xla=True, per_group=C)  # not grouped at all
+    assert xla_call_scratch(ix3, B, library3) == {}
 
 
 @pytest.mark.tf
