@@ -32,7 +32,8 @@ own source ships with TF in `tensorflow/include/tensorflow/core/kernels/`):
   the input's size (220.5 MiB for Keras ConvNeXtSmall's last stage, 7 x 7 x 768 x 768
   floats x 2, at any batch size), else up to twice the input. Counted as twice the dense
   filter plus twice the input, which was at or above every size traced (1-8% above where
-  the dense filter dominates). With several channels per group (RegNet's) the filter stays
+  the dense filter dominates). With several channels per group (a ResNeXt- or RegNet-style block written
+  with Keras 3's `Conv2D(groups=g)`) the filter stays
   grouped and the buffer is about twice the input plus a term of the filter's size
   (traced: 3.1-12.4 MiB for 1.5-6.1 MiB inputs): counted as twice the input and the
   filter, within -2.3 to +7 MiB of the nine cases traced.
