@@ -56,6 +56,7 @@ from graphmem.graph.index import GraphIndex, attr_of
 
 _L2_BYTES = 256 << 10  # the kernels' fixed cache sizes (conv_grad_input_ops.h)
 _WORKING_SET_BYTES = 30 << 20
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # XLA may compile them
 _ONEDNN_CPU_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                      "amx_bf16")
 _ONEDNN_HALF_FLAGS = ("avx512_fp16", "amx_fp16", "avx_ne_convert")  # oneDNN runs DT_HALF
@@ -176,9 +177,6 @@ def has_scratch(op: str) -> bool:
     """Whether kernels of op type `op` may allocate scratch (scratch_model is 0 for the
     others: callers asking per op can skip it by type)."""
     return op.startswith("Conv2DBackprop") or op == "MaxPoolGrad" or op in _CALLS
-
-
-_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})  # XLA may compile them
 
 
 def _conv2d_backprop(index: GraphIndex, i: int, op: str, batch_size: int | None) -> int:

@@ -20,6 +20,7 @@ the ops that read it (a `MatMul`'s rows, element-wise ops, gradients of the same
 from __future__ import annotations
 
 from heapq import heappop, heappush
+from math import prod
 from typing import Protocol
 
 from google.protobuf.message import Message
@@ -101,9 +102,7 @@ def _rows(index: GraphIndex, i: int, k: int, shape: list[int], found: dict[Tenso
         if k or any(d < 0 for d in shape[1:]):
             return None
         n = _elements(index, ins[0], found, batch_size)
-        rest = 1
-        for d in shape[1:]:
-            rest *= d
+        rest = prod(shape[1:])
         return n // rest if n is not None and rest > 0 and n % rest == 0 else None
     if op in _MATMULS:
         return _matmul_rows(index, i, k, found, batch_size)
@@ -144,13 +143,12 @@ def _dim(index: GraphIndex, t: Tensor, axis: int, found: dict[Tensor, int],
     shape = index.shape(t)
     if shape is None or axis >= len(shape):
         return None
-    d = shape[axis]
-    if d >= 0:
-        return d
-    if axis or any(d < 0 for d in shape[1:]):
-        # only `[-1, known...]` is taken for the batch: a reshape's `[-1, -1]` is anything
-        return found.get(t) if not axis else None
-    return found.get(t, batch_size)
+    if shape[axis] >= 0:
+        return shape[axis]
+    if axis:
+        return None
+    # only `[-1, known...]` is taken for the batch: a reshape's `[-1, -1]` is anything
+    return found.get(t) if any(d < 0 for d in shape[1:]) else found.get(t, batch_size)
 
 
 def _elements(index: GraphIndex, t: Tensor, found: dict[Tensor, int],
@@ -161,15 +159,9 @@ def _elements(index: GraphIndex, t: Tensor, found: dict[Tensor, int],
         shape = index.shape(t)
         if shape is None:
             return None
-        n = 1
-        for axis, d in enumerate(shape):
-            if d < 0:
-                if axis:
-                    break
-                d = found.get(t, batch_size)
-            n *= d
-        else:
-            return n
+        if all(d >= 0 for d in shape[1:]):
+            lead = found.get(t, batch_size) if _leading_unknown(shape) else prod(shape[:1])
+            return lead * prod(shape[1:])
         if index.ops[t[0]] not in _RESHAPES or not index.data_inputs[t[0]]:
             return None
         t = index.data_inputs[t[0]][0]
