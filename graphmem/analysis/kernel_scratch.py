@@ -27,16 +27,14 @@ own source ships with TF in `tensorflow/include/tensorflow/core/kernels/`):
   included: ConvNeXt's 7x7 convolutions) holds XLA's temporary buffer while it runs. For
   the gradient of a depthwise convolution written as a grouped one (one input channel per
   group), XLA on CPU computes the filter gradient as a dense convolution, [k, k, C, C],
-  then keeps its diagonal: traced on TF 2.21 (a jit-compiled `Conv2DBackpropFilter`, one
-  allocation the profiler names no op for), exactly twice the dense filter once it passes
-  the input's size (220.5 MiB for Keras ConvNeXtSmall's last stage, 7 x 7 x 768 x 768
-  floats x 2, at any batch size), else up to twice the input. Counted as twice the dense
-  filter plus twice the input, which was at or above every size traced (1-8% above where
-  the dense filter dominates). With several channels per group (a ResNeXt- or RegNet-style block written
-  with Keras 3's `Conv2D(groups=g)`) the filter stays
-  grouped and the buffer is about twice the input plus a term of the filter's size
-  (traced: 3.1-12.4 MiB for 1.5-6.1 MiB inputs): counted as twice the input and the
-  filter, within -2.3 to +7 MiB of the nine cases traced.
+  then keeps its diagonal: one allocation the profiler names no op for, twice the dense
+  filter (220.5 MiB in each of Keras ConvNeXtSmall's last-stage blocks, 7 x 7 x 768 x 768
+  floats x 2, at any batch size), or up to about twice the input where that is larger.
+  Counted as twice the dense filter plus twice the input. With several channels per group
+  (a ResNeXt- or RegNet-style block written with Keras 3's `Conv2D(groups=g)`) the filter
+  stays grouped: counted as twice the input plus twice the filter.
+  `python -m benchmarks.xla_scratch` measures both against the count, one op at a time
+  (docs/benchmarks.md, "XLA's buffer for grouped convolution gradients").
 
 The allocator may hand such a buffer a larger free chunk (up to twice the request); this
 module gives the request.
