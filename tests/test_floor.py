@@ -32,11 +32,12 @@ def test_the_largest_footprint_sets_the_floor_and_parameters_do_not_count():
     index = _decayed_layer().index()
     floor = step_floor(index, analyze_regions(index), None)
     assert floor.op == "gradients/AddN"
-    # its two inputs; the sum may take one of their buffers; the feed x is held all along
-    assert floor.bytes == 2 * 64 * 64 * F + 8 * 64 * F
+    # its two inputs; the sum may take one of their buffers; the feed x, read before,
+    # need not be live there (the simulation frees it after its last reader, and TF's
+    # measured peak does not count a NumPy feed)
+    assert floor.bytes == 2 * 64 * 64 * F
     roles = {(p.name, p.role) for p in floor.parts}
-    assert roles == {("gradients/dw:0", "input"), ("gradients/term:0", "input"),
-                     ("x:0", "feed")}
+    assert roles == {("gradients/dw:0", "input"), ("gradients/term:0", "input")}
 
 
 def test_an_output_no_input_can_hold_is_counted():
@@ -47,7 +48,7 @@ def test_an_output_no_input_can_hold_is_counted():
     index = g.index()
     floor = step_floor(index, analyze_regions(index), None)
     assert floor.op == "gradients/wide"
-    assert floor.bytes == 64 * 64 * F + 64 * 256 * F + 8 * 64 * F
+    assert floor.bytes == 64 * 64 * F + 64 * 256 * F
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet", "transformer"])

@@ -150,3 +150,38 @@ def test_copies_wait_for_the_filter_gradient_beside_their_trigger(vgg_head, tmp_
     assert beside >= 1, result.plan.segments
     r = verify(str(vgg_head), str(out), RunSpec(batch_size=BATCH, grappler=False), 3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0, r.mismatches
+
+
+@pytest.mark.tf
+def test_a_gated_tf1_gradient_leaves_its_gate_and_trains_the_same(tmp_path, monkeypatch):
+    """tf.gradients' default gate (GATE_OP) makes a convolution's input gradient wait for
+    its filter gradient, so the whole backward chain below depends on fc's 64 MiB filter
+    gradient, and only leaving the gate lets it wait (tf-slim's AlexNet and OverFeat, found
+    at 224 px). Its weight-decay term, added in place piece by piece, keeps its order
+    behind the gradient (or the pieces would be computed early and wait beside it)."""
+    from tests.decayed_models import decayed_conv_head, trained_alike
+
+    src = decayed_conv_head(tmp_path / "head.meta", 16)
+    result = _rewrite(src, tmp_path / "out.meta", "none")
+    plan = result.passes["late gradients"]
+    assert [m.gradient for m in plan.moved] == ["gradients/Conv2D_1_grad/Conv2DBackpropFilter"]
+    assert plan.ungated == 1 and result.passes["in-place terms"].terms
+    # out of the gate, which still holds the input gradient: the fc weight's update still
+    # waits for it (it reads the weight); the gradient waits for a later backward op
+    from graphmem.formats.load import load_model
+
+    nodes = {n.name: n for n in load_model(tmp_path / "out.meta").graph_def.node}
+    grad = "gradients/Conv2D_1_grad/"
+    assert list(nodes[grad + "tuple/group_deps"].input) == ["^" + grad + "Conv2DBackpropInput"]
+    waits = [i for i in nodes[grad + "Conv2DBackpropFilter"].input if i.startswith("^")]
+    assert waits == ["^" + plan.moved[0].after]
+    monkeypatch.setattr(LateGradientsPass, "enabled", lambda self, options: False)
+    without = _rewrite(src, tmp_path / "without.meta", "none")
+    assert result.after.peak_bytes < 0.95 * without.after.peak_bytes
+    trained_alike(src, tmp_path / "out.meta", 16)
+    from graphmem.runtime.train_runner import RunSpec
+    from graphmem.runtime.verify import verify
+
+    r = verify(str(src), str(tmp_path / "out.meta"), RunSpec(batch_size=16, grappler=True),
+               3, 0.0, 0.0)
+    assert r.same_training and r.max_variable_diff == 0, r.mismatches

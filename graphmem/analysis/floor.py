@@ -1,9 +1,13 @@
 """The floor: a step peak no recompute or swap plan can go under.
 
 Whatever a plan keeps, recomputes or swaps, every op of the step still runs once with its
-inputs and its outputs in memory at the same time, and its kernel's scratch beside them;
-the step's feeds (the input batch) are held for the whole step. So the largest such
-footprint, with the feeds it does not read, bounds every plan's peak from below. It leaves
+inputs and its outputs in memory at the same time, and its kernel's scratch beside them.
+So the largest such footprint bounds every plan's peak from below. A feed (the input
+batch) counts where an op reads it: the simulation frees it after its last reader like any
+tensor (and TF's measured step peak does not count a NumPy feed at all: a scratch probe of
+2026-12-01 fed 25 MiB, aligned to 64 bytes and not, into a TF1 step whose other buffer was
+50 MiB, and measured the 50 MiB buffer's chunk alone), so a plan that runs the backward
+pass's largest op after the feed's last reader holds no feed there. It leaves
 out what a plan might still have to keep alongside (checkpoints, gradients waiting for an
 update that needs several of them), so the real lowest plan lies above it: recompute bounded
 to about one extra forward pass keeps checkpoints, and only recomputing from the input again
@@ -25,14 +29,12 @@ from graphmem.analysis.kernel_scratch import has_scratch, scratch_model
 from graphmem.analysis.regions import Regions, is_parameter_read
 from graphmem.graph.index import GraphIndex
 
-FEED_OPS = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
-
 
 @dataclass
 class FloorPart:
     name: str  # a tensor, or "<op> (scratch)"
     bytes: int
-    role: str  # "input", "output", "scratch" or "feed"
+    role: str  # "input", "output" or "scratch"
 
 
 @dataclass
@@ -52,9 +54,6 @@ def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None,
     step = step.difference(bypassed_identityn(index, step))
     sizes = index.output_sizes(batch_size)
     scratch = scratch_model(index, batch_size, library=library)
-    feeds = [(i, 0) for i in step if index.ops[i] in FEED_OPS and index.num_outputs[i]]
-    feed_bytes = {t: sizes[t[0]][0] or 0 for t in feeds}
-    total_feeds = sum(feed_bytes.values())
     # a large weight-decay sum runs as its gradient plus one piece of the term at a time
     # (passes/in_place_terms.py)
     joins = {d.join: d for d in decay_joins(index, regions)}
@@ -62,16 +61,15 @@ def step_floor(index: GraphIndex, regions: Regions, batch_size: int | None,
     for i in step:
         if i in joins:
             d = joins[i]
-            footprint, read_feeds = d.bytes + d.piece_bytes, []
+            footprint = d.bytes + d.piece_bytes
         else:
-            footprint, read_feeds = _footprint(index, i, sizes, scratch)
-        footprint += total_feeds - sum(feed_bytes[t] for t in read_feeds)
+            footprint = _footprint(index, i, sizes, scratch)
         if footprint > best:
             best, best_op = footprint, i
     if best_op < 0:
         return Floor(0)
-    parts = _join_parts(index, joins[best_op], feed_bytes) if best_op in joins else \
-        _parts(index, best_op, sizes, scratch, feed_bytes)
+    parts = _join_parts(index, joins[best_op]) if best_op in joins else \
+        _parts(index, best_op, sizes, scratch)
     return Floor(best, index.names[best_op], parts)
 
 
@@ -85,25 +83,21 @@ def _inputs(index: GraphIndex, i: int):
             yield t
 
 
-def _footprint(index: GraphIndex, i: int, sizes, scratch) -> tuple[int, list]:
-    ins = [(t, sizes[t[0]][t[1]] or 0) for t in _inputs(index, i)
-           if t[1] < len(sizes[t[0]])]
-    in_sizes = {b for _, b in ins}
+def _footprint(index: GraphIndex, i: int, sizes, scratch) -> int:
+    ins = [sizes[t[0]][t[1]] or 0 for t in _inputs(index, i) if t[1] < len(sizes[t[0]])]
+    in_sizes = set(ins)
     outs = sum(b or 0 for b in sizes[i] if b and b not in in_sizes)
     extra = scratch(i) if has_scratch(index.ops[i]) else 0
-    return sum(b for _, b in ins) + outs + extra, [t for t, _ in ins
-                                                  if index.ops[t[0]] in FEED_OPS]
+    return sum(ins) + outs + extra
 
 
-def _parts(index: GraphIndex, i: int, sizes, scratch, feed_bytes) -> list[FloorPart]:
+def _parts(index: GraphIndex, i: int, sizes, scratch) -> list[FloorPart]:
     parts = []
-    read = set()
     in_sizes = set()
     for t in _inputs(index, i):
         if t[1] >= len(sizes[t[0]]):
             continue
         b = sizes[t[0]][t[1]] or 0
-        read.add(t)
         in_sizes.add(b)
         parts.append(FloorPart(index.tensor_name(t), b, "input"))
     for k, b in enumerate(sizes[i]):
@@ -111,16 +105,13 @@ def _parts(index: GraphIndex, i: int, sizes, scratch, feed_bytes) -> list[FloorP
             parts.append(FloorPart(index.tensor_name((i, k)), b, "output"))
     if has_scratch(index.ops[i]) and scratch(i):
         parts.append(FloorPart(f"{index.names[i]} (scratch)", scratch(i), "scratch"))
-    parts.extend(FloorPart(index.tensor_name(t), b, "feed")
-                 for t, b in feed_bytes.items() if t not in read)
     parts.sort(key=lambda p: -p.bytes)
     return parts
 
 
-def _join_parts(index: GraphIndex, d: DecayJoin, feed_bytes) -> list[FloorPart]:
+def _join_parts(index: GraphIndex, d: DecayJoin) -> list[FloorPart]:
     parts = [FloorPart(index.tensor_name(d.gradient), d.bytes, "input"),
              FloorPart(f"{index.tensor_name((d.term, 0))} (one of {d.pieces} pieces)",
                        d.piece_bytes, "input")]
-    parts.extend(FloorPart(index.tensor_name(t), b, "feed") for t, b in feed_bytes.items())
     parts.sort(key=lambda p: -p.bytes)
     return parts

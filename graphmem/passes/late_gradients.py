@@ -12,8 +12,13 @@ held until later in the step, they cost almost nothing.
 Where: the step is simulated (analysis/step_estimate.py) and the gradient is made to wait,
 by one control edge, for the backward op after which the simulated live bytes over the
 next LOOKAHEAD ops are the lowest, among those that do not depend on it. The early-update
-edges from its own update into the backward pass go first (they would close a cycle); no
-other edge is touched. The step is simulated again, and the move is kept only when the
+edges from its own update into the backward pass go first (they would close a cycle), and
+so does the gradient's place in tf.gradients' gate (`gate_gradients=GATE_OP`, the TF1
+default: a `tuple` whose `group_deps` NoOp makes the op's input gradient wait for its
+weight gradient too, so that the whole backward chain below depends on it: tf-slim's
+AlexNet and OverFeat, whose fc6 weight gradients, 100 and 432 MiB at any batch size, ran
+beside every checkpoint). The gate's other edges stay: the weight's update still waits for
+the input gradient, which reads the weight, as the gate meant. No other edge is touched. The step is simulated again, and the move is kept only when the
 step holds less while the gradient and its update run than it held where they ran before
 (by more than the gradient's inputs and by 5% at least), and the peak rose by no more
 than the gradient's inputs, now held longer (the peak itself may be held elsewhere, by
@@ -68,6 +73,7 @@ class MovedGradient:
 class LateGradientsPlan(PassPlan):
     moved: list[MovedGradient] = field(default_factory=list)
     dropped_edges: int = 0  # early-update edges of the moved gradients' updates
+    ungated: int = 0  # moved gradients taken out of tf.gradients' gate (GATE_OP)
     skipped: dict[str, int] = field(default_factory=dict)  # why -> gradients
 
     @property
@@ -98,6 +104,7 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
                              keep_timeline=True, host_device=host_device)
 
     before = simulate()
+    previous: list[int] = []  # the writes of the gradient moved last
     for c in candidates[:MAX_MOVES]:
         g = c.op
         position = {op: p for p, op in enumerate(before.order)}
@@ -105,30 +112,94 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
             skip(plan, "not in the simulated step")
             continue
         ours = set(c.own_ops)
-        dropped = [(u, x) for u in c.own_ops for x in index.control_consumers[u]
+        # early updates' edges leave the update (a state write) for the backward ops;
+        # other edges out of its own ops (the in-place decay pieces' order) stay
+        dropped = [(u, x) for u in c.own_ops if is_state_write(index.ops[u])
+                   for x in index.control_consumers[u]
                    if x in regions.backward and x not in ours
                    and not _original_edge(original, u, x)]
         remove_edges(index, dropped)
+        gate = _ungate(index, regions, g)
         anchor = _lowest_point(index, regions, in_scope, before, position, g, ours)
         if anchor is None:
+            gate.restore()
             add_edges(index, dropped)
             skip(plan, "no backward op after it that does not depend on it")
             continue
-        added = add_edge_groups(index, {g: [(anchor, g)]})
+        # after the gradients moved before it, once they are applied: two inter-op threads
+        # would otherwise run them side by side from the same anchor (tf-slim AlexNet's fc6
+        # and fc7 gradients, 100 and 64 MiB, measured together at two threads)
+        edges = [(anchor, g)] + [(w, g) for w in previous]
+        added = add_edge_groups(index, {g: edges})
         if not added:
+            gate.restore()
             add_edges(index, dropped)
             skip(plan, "its edge would close a cycle")
             continue
         after = simulate()
         if not _better(index, before, position, after, g, ours, c):
             remove_edges(index, added)
+            gate.restore()
             add_edges(index, dropped)
             skip(plan, "the simulated step was not lower")
             continue
         plan.moved.append(MovedGradient(index.names[g], c.bytes, index.names[anchor]))
+        previous = _own_writes(index, g, ours)
         plan.dropped_edges += len(dropped)
+        plan.ungated += bool(gate.groups)
         before = after
     return plan
+
+
+@dataclass
+class _Gate:
+    """The gate groups a gradient was taken out of, with their nodes' inputs and the
+    index's control lists as they were, to put back exactly (the input order of a node is
+    part of the order TF readies its consumers in, which the walk follows)."""
+
+    index: GraphIndex
+    g: int
+    groups: list[int]
+    inputs: list[list[str]]  # each group's NodeDef inputs
+    members: list[list[int]]  # each group's control inputs in the index
+    consumers: list[int]  # g's control consumers in the index
+
+    def restore(self) -> None:
+        if not self.groups:
+            return
+        index, g = self.index, self.g
+        index.add_control_edges([(g, x) for x in self.groups])
+        for x, inputs, members in zip(self.groups, self.inputs, self.members, strict=True):
+            node = index.graph_def.node[x]
+            del node.input[:]
+            node.input.extend(inputs)
+            index.control_inputs[x][:] = members
+        index.control_consumers[g][:] = self.consumers
+
+
+def _ungate(index: GraphIndex, regions: Regions, g: int) -> _Gate:
+    """Take `g` out of the tf.gradients gates it belongs to: a backward NoOp waiting for
+    backward ops alone (control inputs, no data), each of whose readers is an Identity
+    forwarding one of them (the `tuple/control_dependency` outputs). Its own Identity keeps
+    waiting for the group, so the gradient's readers still wait for its sibling gradients;
+    only the siblings' readers stop waiting for it."""
+    backward, ops = regions.backward, index.ops
+    groups = [x for x in index.control_consumers[g] if ops[x] == "NoOp" and x in backward
+              and _is_gate(index, backward, x)]
+    gate = _Gate(index, g, groups, [list(index.graph_def.node[x].input) for x in groups],
+                 [list(index.control_inputs[x]) for x in groups],
+                 list(index.control_consumers[g]))
+    remove_edges(index, [(g, x) for x in groups])
+    return gate
+
+
+def _is_gate(index: GraphIndex, backward: set[int], x: int) -> bool:
+    members = index.control_inputs[x]
+    readers = index.control_consumers[x]
+    return not index.data_inputs[x] and len(members) >= 2 and bool(readers) and \
+        all(m in backward for m in members) and \
+        all(index.ops[r] == "Identity" and r in backward and index.data_inputs[r] and
+            index.data_inputs[r][0][0] in members for r in readers)
 
 
 def _lowest_point(index: GraphIndex, regions: Regions, in_scope, est: MemoryEstimate,
@@ -181,10 +252,20 @@ def _held_while(index: GraphIndex, est: MemoryEstimate, position: dict[int, int]
 def _span(index: GraphIndex, position: dict[int, int], g: int, ours: set[int]
           ) -> tuple[int, int]:
     """Where `g` runs and where the last of its updates' writes runs, in the order simulated
-    (ops that wait for every update, a train op's group, run at the end: not counted)."""
+    (ops that wait for every update, a train op's group or the global step's increment,
+    run at the end: not counted, `_own_writes`)."""
     start = position[g]
-    return start, max((position[u] for u in ours
-                       if u in position and is_state_write(index.ops[u])), default=start)
+    return start, max((position[u] for u in _own_writes(index, g, ours) if u in position),
+                      default=start)
+
+
+def _own_writes(index: GraphIndex, g: int, ours: set[int]) -> list[int]:
+    """The state writes among `g`'s own ops that write a value made from them (not a
+    constant made in the update's control scope: the global step's increment waits for
+    every update and writes none of it)."""
+    ops = index.ops
+    return [u for u in ours if is_state_write(ops[u]) and
+            any((s == g or s in ours) and ops[s] != "Const" for s, _ in index.data_inputs[u])]
 
 
 def _original_edge(original: GraphIndex | None, u: int, x: int) -> bool:

@@ -204,7 +204,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         console.print(f"late gradients: {len(late.moved)} weight gradients far larger than "
                       "their inputs wait for the backward pass's lowest point "
                       f"({format_bytes(sum(m.bytes for m in late.moved))}; largest: "
-                      f"{late.moved[0].gradient}, after {late.moved[0].after})")
+                      f"{late.moved[0].gradient}, after {late.moved[0].after})"
+                      + (f"; {late.ungated} taken out of tf.gradients' gate, which made the "
+                         "input gradient beside each wait for it" if late.ungated else ""))
     removed = result.passes.get("removed ops guard")
     if removed is not None and removed.changed:
         console.print(f"removed-ops guard: {removed.edges_moved} ordering edges moved and "
