@@ -25,10 +25,10 @@ def vgg_head(tmp_path_factory) -> Path:
     return save_vgg_head_step(tmp_path_factory.mktemp("late") / "vgg")
 
 
-def _rewrite(src: Path, out: Path, policy: str = "memory"):
+def _rewrite(src: Path, out: Path, policy: str = "memory", batch: int = BATCH):
     from graphmem.rewrite import RewriteOptions, rewrite_file
 
-    options = RewriteOptions(policy, [], BATCH)
+    options = RewriteOptions(policy, [], batch)
     options.keep_worse = True  # the edges are what is tested, whatever the estimate says
     return rewrite_file(src, out, options)
 
@@ -161,8 +161,8 @@ def test_a_gated_tf1_gradient_leaves_its_gate_and_trains_the_same(tmp_path, monk
     behind the gradient (or the pieces would be computed early and wait beside it)."""
     from tests.decayed_models import decayed_conv_head, trained_alike
 
-    src = decayed_conv_head(tmp_path / "head.meta", 16)
-    result = _rewrite(src, tmp_path / "out.meta", "none")
+    src = decayed_conv_head(tmp_path / "head.meta", 32)
+    result = _rewrite(src, tmp_path / "out.meta", "none", batch=32)
     plan = result.passes["late gradients"]
     assert [m.gradient for m in plan.moved] == ["gradients/Conv2D_1_grad/Conv2DBackpropFilter"]
     assert plan.ungated == 1 and result.passes["in-place terms"].terms
@@ -176,12 +176,12 @@ def test_a_gated_tf1_gradient_leaves_its_gate_and_trains_the_same(tmp_path, monk
     waits = [i for i in nodes[grad + "Conv2DBackpropFilter"].input if i.startswith("^")]
     assert waits == ["^" + plan.moved[0].after]
     monkeypatch.setattr(LateGradientsPass, "enabled", lambda self, options: False)
-    without = _rewrite(src, tmp_path / "without.meta", "none")
+    without = _rewrite(src, tmp_path / "without.meta", "none", batch=32)
     assert result.after.peak_bytes < 0.95 * without.after.peak_bytes
-    trained_alike(src, tmp_path / "out.meta", 16)
+    trained_alike(src, tmp_path / "out.meta", 32)
     from graphmem.runtime.train_runner import RunSpec
     from graphmem.runtime.verify import verify
 
-    r = verify(str(src), str(tmp_path / "out.meta"), RunSpec(batch_size=16, grappler=True),
+    r = verify(str(src), str(tmp_path / "out.meta"), RunSpec(batch_size=32, grappler=True),
                3, 0.0, 0.0)
     assert r.same_training and r.max_variable_diff == 0, r.mismatches

@@ -28,7 +28,10 @@ from graphmem.graph import dtypes
 from graphmem.graph.index import SUM_OPS, GraphIndex, Tensor
 
 MIN_BYTES = 16 * 2 ** 20  # smaller terms are not worth the extra ops
-PIECES = 16  # about how many pieces a term is computed in
+# about how many pieces a term is computed in: where the gradient is the step's peak (tf-slim
+# OverFeat's fc6, 432 MiB; AlexNet's, 100 MiB, once they wait for the backward pass's lowest
+# point) one piece lies on top of it, 1/64 of it (16 pieces measured 459-463 MiB there)
+PIECES = 64
 MIN_PIECE_BYTES = 2 ** 20  # ... but none smaller than this
 # kernels whose output buffer is their own: allocated, or an input's that TF forwards only
 # when nothing else holds it (never a view of another tensor)

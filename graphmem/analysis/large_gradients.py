@@ -30,7 +30,9 @@ from graphmem.graph.index import GraphIndex
 
 MIN_BYTES = 16 * 2 ** 20
 RATIO = 8
-WALK_BUDGET = 64  # ops between a gradient and its update (Keras' momentum SGD: about 8)
+# ops between a gradient and its update: Keras' momentum SGD about 8, a decay term added in
+# place in 64 pieces (passes/in_place_terms.py) about 200; only gradients of MIN_BYTES walk
+WALK_BUDGET = 1024
 WEIGHT_GRADIENT_OPS = FILTER_GRADIENTS | {"MatMul", "_MklMatMul", "Conv2DBackpropFilterV2"}
 
 
