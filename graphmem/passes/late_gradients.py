@@ -18,12 +18,14 @@ default: a `tuple` whose `group_deps` NoOp makes the op's input gradient wait fo
 weight gradient too, so that the whole backward chain below depends on it: tf-slim's
 AlexNet and OverFeat, whose fc6 weight gradients, 100 and 432 MiB at any batch size, ran
 beside every checkpoint). The gate's other edges stay: the weight's update still waits for
-the input gradient, which reads the weight, as the gate meant. No other edge is touched. The step is simulated again, and the move is kept only when the
-step holds less while the gradient and its update run than it held where they ran before
-(by more than the gradient's inputs and by 5% at least), and the peak rose by no more
-than the gradient's inputs, now held longer (the peak itself may be held elsewhere, by
-another part of the step: the plan search then sees the plans whose peak that was).
-Otherwise both edits are undone. At most MAX_MOVES gradients, largest first: each costs
+the input gradient, which reads the weight, as the gate meant. No other edge is touched.
+A gradient moved after another also waits for that one's update: two inter-op threads
+would otherwise run both from the same anchor, side by side. The step is simulated again,
+and the move is kept only when the step holds less while the gradient and its update
+run than it held where they ran before (by more than the gradient's inputs and by 5% at
+least), and the peak rose by no more than the gradient's inputs, now held longer (the
+peak itself may be held elsewhere, by another part of the step: the plan search then
+sees the plans whose peak that was). Otherwise every edit is undone. At most MAX_MOVES gradients, largest first: each costs
 one simulation of the step.
 
 Only the order changes, never a value: the gradient and its update read what they read
@@ -129,7 +131,8 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
         # after the gradients moved before it, once they are applied: two inter-op threads
         # would otherwise run them side by side from the same anchor (tf-slim AlexNet's fc6
         # and fc7 gradients, 100 and 64 MiB, measured together at two threads)
-        edges = [(anchor, g)] + [(w, g) for w in previous]
+        edges = [(anchor, g)] + [(w, g) for w in previous
+                                 if tower_of(index, w) == tower_of(index, g)]
         added = add_edge_groups(index, {g: edges})
         if not added:
             gate.restore()
