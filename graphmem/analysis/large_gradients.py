@@ -94,8 +94,9 @@ def _own_ops(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
     arithmetic on it, its update), when all are backward or optimizer ops, none of them
     a weight gradient (which would make `g` part of the chain), they hold a state write,
     and there are at most WALK_BUDGET; then also the optimizer ops that wait for those
-    writes (Keras reads a slot back after writing it, then writes the variable). None
-    otherwise."""
+    writes (Keras reads a slot back after writing it, then writes the variable), short of
+    an op that also waits for another gradient's update (TF1's `update` group of every
+    update, and the global step's increment after it). None otherwise."""
     seen, stack = {g}, [g]
     reached: list[int] = []
     writes = 0
@@ -119,7 +120,7 @@ def _own_ops(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
     while stack:
         i = stack.pop()
         for j in index.data_consumers(i) + index.control_consumers[i]:
-            if j in seen or j not in optimizer:
+            if j in seen or j not in optimizer or _waits_for_other_writes(index, j, seen):
                 continue
             seen.add(j)
             if len(seen) > WALK_BUDGET:
@@ -127,3 +128,10 @@ def _own_ops(index: GraphIndex, g: int, backward: set[int], optimizer: set[int]
             reached.append(j)
             stack.append(j)
     return reached
+
+
+def _waits_for_other_writes(index: GraphIndex, j: int, own: set[int]) -> bool:
+    """Whether op j waits for a state write that is not among `own`: it joins several
+    gradients' updates, and is none of them's own."""
+    ops = index.ops
+    return any(is_state_write(ops[p]) and p not in own for p in index.ordering_preds(j))

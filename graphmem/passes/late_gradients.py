@@ -147,7 +147,7 @@ def apply_late_gradients(ws: Workspace, regions: Regions, batch_size: int | None
             skip(plan, "the simulated step was not lower")
             continue
         plan.moved.append(MovedGradient(index.names[g], c.bytes, index.names[anchor]))
-        previous = _own_writes(index, g, ours)
+        previous = [u for u in c.own_ops if is_state_write(index.ops[u])]
         plan.dropped_edges += len(dropped)
         plan.ungated += bool(gate.groups)
         before = after
@@ -256,19 +256,10 @@ def _span(index: GraphIndex, position: dict[int, int], g: int, ours: set[int]
           ) -> tuple[int, int]:
     """Where `g` runs and where the last of its updates' writes runs, in the order simulated
     (ops that wait for every update, a train op's group or the global step's increment,
-    run at the end: not counted, `_own_writes`)."""
+    run at the end: no gradient's own ops, analysis/large_gradients.py)."""
     start = position[g]
-    return start, max((position[u] for u in _own_writes(index, g, ours) if u in position),
-                      default=start)
-
-
-def _own_writes(index: GraphIndex, g: int, ours: set[int]) -> list[int]:
-    """The state writes among `g`'s own ops that write a value made from them (not a
-    constant made in the update's control scope: the global step's increment waits for
-    every update and writes none of it)."""
-    ops = index.ops
-    return [u for u in ours if is_state_write(ops[u]) and
-            any((s == g or s in ours) and ops[s] != "Const" for s, _ in index.data_inputs[u])]
+    return start, max((position[u] for u in ours
+                       if u in position and is_state_write(index.ops[u])), default=start)
 
 
 def _original_edge(original: GraphIndex | None, u: int, x: int) -> bool:
