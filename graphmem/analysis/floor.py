@@ -4,9 +4,8 @@ Whatever a plan keeps, recomputes or swaps, every op of the step still runs once
 inputs and its outputs in memory at the same time, and its kernel's scratch beside them.
 So the largest such footprint bounds every plan's peak from below. A feed (the input
 batch) counts where an op reads it: the simulation frees it after its last reader like any
-tensor (and TF's measured step peak does not count a NumPy feed at all: a scratch probe of
-2026-12-01 fed 25 MiB, aligned to 64 bytes and not, into a TF1 step whose other buffer was
-50 MiB, and measured the 50 MiB buffer's chunk alone), so a plan that runs the backward
+tensor (and TF's measured step peak does not count a NumPy feed at all: `python -m
+benchmarks.feed_in_peak`, docs/benchmarks.md), so a plan that runs the backward
 pass's largest op after the feed's last reader holds no feed there. It leaves
 out what a plan might still have to keep alongside (checkpoints, gradients waiting for an
 update that needs several of them), so the real lowest plan lies above it: recompute bounded
