@@ -636,14 +636,49 @@ def running_sums(ix: GraphIndex, args: dict[int, int],
 RUN_AHEAD_MIN_BYTES = 256 * 1024
 
 
+def held_inputs(ix: GraphIndex, term: int) -> list[Tensor]:
+    """The tensors a running-sum term's op keeps while it waits for the incoming sum: its
+    data inputs made in the iteration (not a loop argument, a constant or a variable's
+    read). Iterations run ahead of the sum make them (an LSTM's gate gradients `dz` are
+    on the chain that carries the gradient back), so each iteration ahead holds them."""
+    from graphmem.graph.function_view import ARG_OP
+
+    return list(dict.fromkeys(
+        t for t in ix.data_inputs[term]
+        if ix.ops[ix.through_identity(t[0])] not in (ARG_OP, "Const", "ReadVariableOp")))
+
+
+def holding_pays(ix: GraphIndex, term: Tensor, sizes: Callable[[int], list[int | None]]
+                 ) -> bool:
+    """Whether making a running-sum term wait for the sum holds fewer bytes per iteration
+    ahead than letting it run: the term itself (an LSTM kernel's gradient, [inputs +
+    units, 4 units]) against the inputs it would keep while waiting ([batch, 4 units] and
+    [batch, inputs + units]). A small LSTM at a large batch has larger inputs than terms
+    (the model sweep's lstm_v2, batch 64: 44 KiB of inputs per 24 KiB term, traced with
+    eleven iterations' inputs live); unknown sizes: it pays."""
+    out = sizes(term[0])
+    own = out[term[1]] if term[1] < len(out) else None
+    kept = [_size(sizes, t) for t in held_inputs(ix, term[0])]
+    if own is None or any(b is None for b in kept):
+        return True
+    return own > sum(kept)
+
+
+def _size(sizes: Callable[[int], list[int | None]], t: Tensor) -> int | None:
+    out = sizes(t[0])
+    return out[t[1]] if t[1] < len(out) else None
+
+
 def _run_ahead_terms(index: GraphIndex, w: int, body: _Body, trip: int | None,
                      batch_size: int | None) -> list[int]:
     """What iterations run ahead of a loop's running sums hold beyond one iteration, one
     entry per allocation: `min(parallel_iterations, trip) - 1` more terms of each sum
-    whose terms do not wait for it, for terms of at least RUN_AHEAD_MIN_BYTES. An unknown
-    trip count is taken as `parallel_iterations`: the bound a training run can reach
-    (traced on a TF1 LSTM in a v2 loop, 64 steps: 31 iterations' terms live beside the
-    current one's, `parallel_iterations` being 32)."""
+    whose terms do not wait for it, for terms of at least RUN_AHEAD_MIN_BYTES, and as
+    many more of the inputs of each term that waits for it (`held_inputs`, whatever their
+    size: they wait for the sum, not for a kernel run inline). An unknown trip count is
+    taken as `parallel_iterations`: the bound a training run can reach (traced on a TF1
+    LSTM in a v2 loop, 64 steps: 31 iterations' terms live beside the current one's,
+    `parallel_iterations` being 32)."""
     attrs = index.node(w).attr  # (asked with `in`: indexing a map would add the key)
     parallel = (attrs["parallel_iterations"].i if "parallel_iterations" in attrs else 0) or 10
     ahead = min(parallel, trip if trip is not None else parallel) - 1
@@ -652,13 +687,19 @@ def _run_ahead_terms(index: GraphIndex, w: int, body: _Body, trip: int | None,
     rets = {k: r for k, r in enumerate(body.rets) if r is not None}
     sizes = body.index.output_bytes(batch_size)
     terms = []
+    kept: set[Tensor] = set()
     for s in running_sums(body.index, body.args, rets):
-        if s.held(body.index):
-            continue
         for p, j in s.terms:
-            out = sizes(p)
-            if j < len(out) and out[j] and out[j] >= RUN_AHEAD_MIN_BYTES:
-                terms.append(out[j])
+            if s.arg in body.index.control_inputs[p]:
+                for t in held_inputs(body.index, p):
+                    b = _size(sizes, t)
+                    if b and t not in kept:
+                        kept.add(t)
+                        terms.append(b)
+                continue
+            b = _size(sizes, (p, j))
+            if b and b >= RUN_AHEAD_MIN_BYTES:
+                terms.append(b)
     return terms * ahead
 
 

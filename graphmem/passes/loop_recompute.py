@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from google.protobuf.message import Message
 
 from graphmem.analysis.body_recompute import BodyRecompute, plan_body_recompute
-from graphmem.analysis.loops import StaticValues, allocation_bytes, list_element_bytes, running_sums
+from graphmem.analysis.loops import (
+    StaticValues,
+    allocation_bytes,
+    holding_pays,
+    list_element_bytes,
+    running_sums,
+)
 from graphmem.analysis.op_classes import EXPENSIVE_OPS
 from graphmem.graph import dtypes
 from graphmem.graph.builders import add_scalar_const, unique_name
@@ -221,7 +227,7 @@ def _one_loop(index, w, functions, refs, keep_ops, batch_size, plan, backup) -> 
         for name in (body_name, grad_name):
             backup.setdefault(name, functions[name].SerializeToString())
     copied, held = _edit(index, fix, gix, fview.graph_def, gview.graph_def, lists, verdict,
-                         rebuilt, retarget)
+                         rebuilt, retarget, batch_size)
     fview.write_back()
     gview.write_back()
     plan.edited_functions += [body_name, grad_name]
@@ -325,7 +331,7 @@ def _choose(fix, lists: list[_List], verdict: BodyRecompute, batch_size):
 
 
 def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
-          retarget) -> tuple[int, int]:
+          retarget, batch_size) -> tuple[int, int]:
     """Write the plan: dummy or retargeted pushes, relaxed list shapes, copies and rewired
     readers in the gradient body. Returns the ops copied and the addends held back."""
     by_j = {lst.j: lst for lst in lists}
@@ -391,7 +397,7 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
             continue
         ggraph.node[copy_pos[i]].input.extend(
             "^" + gix.names[a] for a in triggers)
-    held = _hold_running_sums(gix, ggraph)
+    held = _hold_running_sums(gix, ggraph, batch_size)
     # readers of each rebuilt value's pop read the copy instead
     any_shape = None
     for j in sorted(rebuilt):
@@ -427,17 +433,20 @@ def _edit(index, fix, gix, fgraph, ggraph, lists, verdict, rebuilt,
 
 
 
-def _hold_running_sums(gix: GraphIndex, ggraph: Message) -> int:
+def _hold_running_sums(gix: GraphIndex, ggraph: Message, batch_size: int | None) -> int:
     """A weight's gradient is summed over the iterations in a loop variable (`AddN(sum_in,
     addend)` returned as `sum_out`). Iterations run ahead of the sum, and each one's addend
     (an LSTM kernel's gradient, [inputs + units, 4 units]) waits for it: on one inter-op
     thread, up to `parallel_iterations` of them at once. The addend's op waits for the
-    incoming sum instead, so one addend at a time exists. Returns the ops held back."""
+    incoming sum instead, so one addend at a time exists, where that holds fewer bytes
+    than the inputs the waiting op keeps in each iteration ahead (`holding_pays`).
+    Returns the ops held back."""
     args, rets = _args_rets(gix)
+    sizes = gix.output_bytes(batch_size)
     held = 0
     for found in running_sums(gix, args, rets):
-        for p, _ in found.terms:
-            if found.arg in gix.control_inputs[p]:
+        for p, j in found.terms:
+            if found.arg in gix.control_inputs[p] or not holding_pays(gix, (p, j), sizes):
                 continue
             ggraph.node[p].input.append("^" + gix.names[found.arg])
             held += 1
