@@ -437,6 +437,9 @@ class _PlainRunner(_LateRunner):
     (105, 0.61, "cheaper"),  # 5% of peak for 16% of the forward FLOPs above the free level
     (112, 0.61, "lowest"),  # 12% of peak is more than that recompute is worth
     (105, 0.45, "cheaper"),  # below the free level only the share above it counts
+    # 6% of peak for 9% of the forward FLOPs above it: tf-slim Inception v2's 75% plan
+    # measured 0.29 | 0.28x at 1.26 | 1.21x, its 66% plan 0.31 | 0.31x at 1.26 | 1.05x
+    (106, 0.68, "lowest"),
 ])
 def test_memory_policy_trades_recompute_above_the_free_level_for_a_little_peak(
         cheaper_peak, cheaper_share, written, monkeypatch):

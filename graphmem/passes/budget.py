@@ -623,13 +623,18 @@ MEMORY_CAP_MAX_COST = 1.25
 # px, batch 32, where TF runs Eigen's kernels: the plan recomputing 79% (estimated 736 MiB
 # over the replay with the variables in place) 0.30 | 0.33x at 1.20 | 1.41x (the round
 # no other job overlapped; docs/findings.md), the one
-# recomputing 43% (825 MiB) 0.37 | 0.38x at 1.07 | 1.20x. The weight is the least that
-# trades both plans measured above 1.35x at two threads for the cheaper ones, and keeps
-# Keras' ResNet50's whole-forward plan (measured 0.35 | 0.35x at 1.18 | 1.24x, its cheaper
-# plans 1.3x its peak). Plans under the level keep the lowest peak (AlexNet's and VGG's
-# step times grow little with recompute).
+# recomputing 43% (825 MiB) 0.37 | 0.38x at 1.07 | 1.20x. The weight trades both plans
+# measured above 1.35x at two threads for the cheaper ones (it must be above 0.64 for
+# ResNet50V2's), keeps Keras' ResNet50's whole-forward plan (measured 0.35 | 0.35x at 1.18
+# | 1.24x, its cheaper plans 1.3x its peak), and keeps tf-slim Inception v1's and v2's
+# plans recomputing 72% and 75% (estimated 4% and 6% under the 66% ones), which measured
+# 0.31 | 0.30x at 1.21 | 1.18x and 0.29 | 0.28x at 1.26 | 1.21x where TF runs oneDNN's
+# kernels, against 0.33 | 0.34x (another run: 0.37 | 0.34x, above OpenAI's 0.36x at one
+# thread) and 0.31 | 0.31x for the 66% plans (docs/findings.md, "Inception's plans above
+# 60% of the forward pass"). Plans under the level keep the lowest peak (AlexNet's and
+# VGG's step times grow little with recompute).
 MEMORY_FREE_RECOMPUTE = 0.6
-MEMORY_RECOMPUTE_WEIGHT = 0.7
+MEMORY_RECOMPUTE_WEIGHT = 0.65
 # The memory policy leaves out plans whose modelled step time (analysis/schedule.py: the
 # ops' times added up for one inter-op thread, the two-thread walk's length for two) is
 # above this multiple of the original's, when any plan tried is not. FLOPs alone miss what
