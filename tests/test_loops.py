@@ -338,7 +338,7 @@ def test_running_sums_are_left_to_run_ahead_when_their_inputs_are_larger(tmp_pat
     """At a batch where a term's two inputs ([batch, RW] each) outweigh the term ([RW, RW]),
     a term waiting for the sum would hold more in each iteration ahead than the term does:
     the rewrite leaves the sum alone, and the estimate counts the terms running ahead
-    (the model sweep's small LSTM at batch 64 measured 663-869 KiB held, 660-825 not)."""
+    (the fixtures' lstm_v2 at batch 64 measured the same either way, findings.md)."""
     batch = 256  # 2 x 256 x 384 floats of inputs against 384 x 384 of term
     result, ix = _rewrite_matmul_loop(tmp_path, batch)
     (fact,) = result.loops.loops

@@ -44,7 +44,7 @@ class Loop:
     how: str  # how the trip count was found, or why it could not be
     accumulators: int = 0  # values it keeps per iteration for the gradient
     # bytes of running-sum terms that iterations run ahead of the sum can hold at once,
-    # beyond one iteration's (running_sums below); 0 when every term waits for its sum
+    # beyond one iteration's (running_sums below); for a term that waits for its sum, the inputs it keeps
     run_ahead_bytes: int = 0
 
 
@@ -595,9 +595,9 @@ class RunningSum:
     op: int  # the sum returned for it
     terms: tuple[Tensor, ...]  # what is added each iteration
 
-    def held(self, ix: GraphIndex) -> bool:
-        """Whether every term waits for the incoming sum (loop_recompute's edges)."""
-        return all(self.arg in ix.control_inputs[p] for p, _ in self.terms)
+    def waits(self, ix: GraphIndex, term: int) -> bool:
+        """Whether a term's op waits for the incoming sum (loop_recompute's edge)."""
+        return self.arg in ix.control_inputs[term]
 
 
 def running_sums(ix: GraphIndex, args: dict[int, int],
@@ -654,10 +654,9 @@ def holding_pays(ix: GraphIndex, term: Tensor, sizes: Callable[[int], list[int |
     ahead than letting it run: the term itself (an LSTM kernel's gradient, [inputs +
     units, 4 units]) against the inputs it would keep while waiting ([batch, 4 units] and
     [batch, inputs + units]). A small LSTM at a large batch has larger inputs than terms
-    (the model sweep's lstm_v2, batch 64: 44 KiB of inputs per 24 KiB term, traced with
+    (the fixtures' lstm_v2, batch 64: 44 KiB of inputs per 24 KiB term, traced with
     eleven iterations' inputs live); unknown sizes: it pays."""
-    out = sizes(term[0])
-    own = out[term[1]] if term[1] < len(out) else None
+    own = _size(sizes, term)
     kept = [_size(sizes, t) for t in held_inputs(ix, term[0])]
     if own is None or any(b is None for b in kept):
         return True
@@ -690,7 +689,7 @@ def _run_ahead_terms(index: GraphIndex, w: int, body: _Body, trip: int | None,
     kept: set[Tensor] = set()
     for s in running_sums(body.index, body.args, rets):
         for p, j in s.terms:
-            if s.arg in body.index.control_inputs[p]:
+            if s.waits(body.index, p):
                 for t in held_inputs(body.index, p):
                     b = _size(sizes, t)
                     if b and t not in kept:

@@ -446,7 +446,7 @@ def _hold_running_sums(gix: GraphIndex, ggraph: Message, batch_size: int | None)
     held = 0
     for found in running_sums(gix, args, rets):
         for p, j in found.terms:
-            if found.arg in gix.control_inputs[p] or not holding_pays(gix, (p, j), sizes):
+            if found.waits(gix, p) or not holding_pays(gix, (p, j), sizes):
                 continue
             ggraph.node[p].input.append("^" + gix.names[found.arg])
             held += 1
