@@ -13,6 +13,12 @@ ratio likewise, the highest step of any process, and whether every process's los
 the first graph's (bit for bit: the same feeds and initial values each step). With
 `--warmup 100` the median is of the steps after TF's warm-up (its steady state), and the
 highest step is over the whole run, warm-up included.
+
+Grappler's default memory optimizer can make a graph's losses differ in their last bits
+from one process to the next (the U-Net with long skips: docs/findings.md, "Losses that
+change between processes"); the losses column says so when the first graph's own
+processes differ, and `--grappler-memory NO_MEM_OPT` turns that optimizer off in every
+process, which makes them bit for bit comparable.
 """
 
 from __future__ import annotations
@@ -36,6 +42,18 @@ def table_unit(reference_bytes: float) -> tuple[float, str, int]:
     return 2**10, "KiB", 1
 
 
+def losses_verdict(reference: list[list[float]], losses: list[list[float]]) -> str:
+    """Whether every process's losses (`losses`, one list per process) equal the first
+    graph's first process's, bit for bit; when they do not and the first graph's own
+    processes (`reference`) differ among themselves too, the difference is not the
+    graph's: say so rather than a bare DIFFER."""
+    if all(x == reference[0] for x in losses):
+        return "same"
+    if any(x != reference[0] for x in reference[1:]):
+        return "differ, as the first graph's own processes do"
+    return "DIFFER"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,13 +64,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=0,
                     help="steps run before the measured ones (100: TF's steady state)")
+    ap.add_argument("--grappler-memory", metavar="LEVEL",
+                    help="Grappler's memory optimizer level in every process (NO_MEM_OPT: "
+                         "off, so that processes' losses compare bit for bit)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
     runs: dict[tuple[int, str], list[dict]] = {}
     for r in range(a.rounds):
         for t in threads:
             for g in a.graphs:
-                m = measure(g, a.batch, t, a.steps, processes=1, warmup=a.warmup)
+                m = measure(g, a.batch, t, a.steps, processes=1, warmup=a.warmup,
+                            grappler_memory=a.grappler_memory)
                 res = {"peak": m["peak"], "seconds": m["seconds"],
                        "highest": m["highests"][0], "losses": m["losses"][0]}
                 runs.setdefault((t, g), []).append(res)
@@ -71,12 +93,12 @@ def main() -> None:
             rs = runs[(t, g)]
             peak = statistics.median(x["peak"] for x in rs)
             secs = statistics.median(x["seconds"] for x in rs)
-            same = all(x["losses"] == ref[0]["losses"] for x in rs)
+            verdict = losses_verdict([x["losses"] for x in ref], [x["losses"] for x in rs])
             peaks = ", ".join(f"{x['peak'] / div:.{places}f}" for x in rs)
             print(f"| {t} | {g} | {peaks} | "
                   f"{peak / ref_peak:.2f} | {secs / ref_time:.2f} | "
                   f"{max(x['highest'] for x in rs) / div:.{places}f} | "
-                  f"{'same' if same else 'DIFFER'} |")
+                  f"{verdict} |")
 
 
 if __name__ == "__main__":
