@@ -239,9 +239,11 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         if est.estimated_bytes > est.peak_bytes:
             console.print(f"  {label}: {format_bytes(est.peak_bytes)} with the variables kept "
                           f"in their chunks (plans are ranked by it), up to "
-                          f"{format_bytes(est.estimated_bytes)} as they take their values' "
-                          "buffers and the allocator's chunks move from step to step "
-                          "(Keras' optimizer slots)")
+                          f"{format_bytes(est.estimated_bytes)} as updates hand them new "
+                          "buffers (a whole value assigned, as Keras' optimizers write "
+                          "their slots, or a copy made while a read of the variable is "
+                          "still to be used) and the allocator's chunks move from step "
+                          "to step")
     times = result.modelled_step_time
     if times is not None and not result.reverted:
         console.print(f"modelled step time: {times[0]:.2f}x at one inter-op thread, "
