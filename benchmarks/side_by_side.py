@@ -69,28 +69,29 @@ def main() -> None:
                          "off, so that processes' losses compare bit for bit)")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
-    runs: dict[tuple[int, str], list[dict]] = {}
+    # keyed by the graph's place in the list: a graph given twice (a control) is two rows
+    runs: dict[tuple[int, int], list[dict]] = {}
     for r in range(a.rounds):
         for t in threads:
-            for g in a.graphs:
+            for i, g in enumerate(a.graphs):
                 m = measure(g, a.batch, t, a.steps, processes=1, warmup=a.warmup,
                             grappler_memory=a.grappler_memory)
                 res = {"peak": m["peak"], "seconds": m["seconds"],
                        "highest": m["highests"][0], "losses": m["losses"][0]}
-                runs.setdefault((t, g), []).append(res)
+                runs.setdefault((t, i), []).append(res)
                 print(f"round {r + 1}, {t} thread(s), {g}: {format_bytes(res['peak'])}, "
                       f"{res['seconds']:.2f} s", file=sys.stderr, flush=True)
     div, unit, places = table_unit(statistics.median(
-        x["peak"] for x in runs[(threads[0], a.graphs[0])]))
+        x["peak"] for x in runs[(threads[0], 0)]))
     print(f"| threads | graph | peaks ({unit}) | peak x first | step time x first | highest "
           f"step ({unit}) | losses |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for t in threads:
-        ref = runs[(t, a.graphs[0])]
+        ref = runs[(t, 0)]
         ref_peak = statistics.median(x["peak"] for x in ref)
         ref_time = statistics.median(x["seconds"] for x in ref)
-        for g in a.graphs:
-            rs = runs[(t, g)]
+        for i, g in enumerate(a.graphs):
+            rs = runs[(t, i)]
             peak = statistics.median(x["peak"] for x in rs)
             secs = statistics.median(x["seconds"] for x in rs)
             verdict = losses_verdict([x["losses"] for x in ref], [x["losses"] for x in rs])
