@@ -1,6 +1,6 @@
 """The side-by-side benchmark's table: peaks in a unit that tells small graphs apart."""
 
-from benchmarks.side_by_side import table_unit
+from benchmarks.side_by_side import losses_verdict, table_unit
 
 
 def test_small_graphs_peaks_are_printed_in_kib_and_large_ones_in_whole_mib():
@@ -13,8 +13,6 @@ def test_small_graphs_peaks_are_printed_in_kib_and_large_ones_in_whole_mib():
 
 
 def test_losses_verdict_tells_a_graph_that_differs_from_processes_that_differ_anyway():
-    from benchmarks.side_by_side import losses_verdict
-
     a, b = [1.0, 0.5], [1.0, 0.50000006]
     assert losses_verdict([a, a, a], [a, a]) == "same"
     assert losses_verdict([a, a, a], [a, b]) == "DIFFER"

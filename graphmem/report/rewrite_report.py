@@ -239,11 +239,10 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
         if est.estimated_bytes > est.peak_bytes:
             console.print(f"  {label}: {format_bytes(est.peak_bytes)} with the variables kept "
                           f"in their chunks (plans are ranked by it), up to "
-                          f"{format_bytes(est.estimated_bytes)} as updates hand them new "
-                          "buffers (a whole value assigned, as Keras' optimizers write "
-                          "their slots, or a copy made while a read of the variable is "
-                          "still to be used) and the allocator's chunks move from step "
-                          "to step")
+                          f"{format_bytes(est.estimated_bytes)} as updates give them new "
+                          "buffers (whole values assigned, or copies made while a read "
+                          "is pending) and so move the allocator's chunks from step to "
+                          "step")
     times = result.modelled_step_time
     if times is not None and not result.reverted:
         console.print(f"modelled step time: {times[0]:.2f}x at one inter-op thread, "
