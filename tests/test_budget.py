@@ -594,6 +594,19 @@ class _PlansWithLateRunner(_PlainRunner):
         return False
 
 
+def _candidate(peak, flops, copies=0):
+    """A candidate plan estimated at `peak` bytes, `copies` of them recomputed copies,
+    recomputing `flops`; its one checkpoint tensor is (peak, 0), which names it."""
+    from graphmem.analysis.memory import LiveTensor, MemoryEstimate
+    from graphmem.passes.checkpoints import CheckpointChoice
+
+    live = [LiveTensor(f"x{peak}/graphmem_recompute_s0:0", copies, None),
+            LiveTensor(f"y{peak}:0", peak - copies, None)]
+    return budget_mod.BudgetCandidate(
+        "budget", CheckpointChoice("memory", [(peak, 0)], lead=False), None,
+        MemoryEstimate(peak, 0, 0, "", live), flops)
+
+
 @pytest.mark.parametrize("late_peak, written", [(85, "late"), (99, "plain")])
 def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
         late_peak, written, monkeypatch):
@@ -604,18 +617,9 @@ def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
     within MEMORY_TOLERANCE of it the least recompute (a late variant within that share of
     a plan with less recompute is not written)."""
     import graphmem.analysis.cost as cost
-    from graphmem.analysis.memory import LiveTensor, MemoryEstimate
-    from graphmem.passes.checkpoints import CheckpointChoice
 
     monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
-
-    def plan(peak, flops, copies):
-        live = [LiveTensor(f"x{peak}/graphmem_recompute_s0:0", copies, None),
-                LiveTensor(f"y{peak}:0", peak - copies, None)]
-        return budget_mod.BudgetCandidate(
-            "budget", CheckpointChoice("memory", [(peak, 0)], lead=False), None,
-            MemoryEstimate(peak, 0, 0, "", live), flops)
-
+    plan = _candidate
     lowest = plan(100, 50, copies=0)
     hopeful = plan(120, 300, copies=60)  # could go to 60
     no_copies = plan(130, 200, copies=0)
@@ -633,7 +637,6 @@ def test_memory_policy_weighs_late_copies_of_every_plan_they_could_make_lowest(
         assert pick.best is lowest
 
 
-
 @pytest.mark.parametrize("lower_peak, written", [(974, "lower"), (985, "cheaper")])
 def test_memory_policy_tolerance_is_below_what_measured_apart(lower_peak, written,
                                                               monkeypatch):
@@ -641,17 +644,10 @@ def test_memory_policy_tolerance_is_below_what_measured_apart(lower_peak, writte
     1163 against 1194 MiB, measured 0.40 | 0.35x the original's peak against 0.43 | 0.41x);
     one 1.5% under is not: within MEMORY_TOLERANCE the least recompute wins."""
     import graphmem.analysis.cost as cost
-    from graphmem.analysis.memory import MemoryEstimate
-    from graphmem.passes.checkpoints import CheckpointChoice
 
     monkeypatch.setattr(cost, "forward_flops", lambda index, regions, batch: 1000)
-
-    def plan(peak, flops):
-        return budget_mod.BudgetCandidate(
-            "budget", CheckpointChoice("memory", [(peak, 0)], lead=False), None,
-            MemoryEstimate(peak, 0, 0, ""), flops)
-
-    cheaper, lower = plan(1000, 100), plan(lower_peak, 300)  # both under the free level
+    # both under the free level of recompute
+    cheaper, lower = _candidate(1000, 100), _candidate(lower_peak, 300)
     pick = budget_mod._memory_pick(None, None, 32, [cheaper, lower],
                                    _PlansWithLateRunner([cheaper, lower], {}))
     assert pick.best is (lower if written == "lower" else cheaper)

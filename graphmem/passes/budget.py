@@ -590,7 +590,7 @@ BISECT_PROBES = 8
 # (docs/findings.md). At 2% the plan written changes on no other network of
 # docs/benchmarks.md's summary but Keras' MobileNet (0.5% lower, 0.3% more recompute); at
 # 1% it would change tf-slim ResNet-50 v1's and Keras' VGG16's for 1.4% lower estimates at
-# 5-44% more recompute.
+# 5-44% more recompute (benchmarks/memory_tolerance.py prints each network's picks).
 MEMORY_TOLERANCE = 0.02
 PARTIAL_LEAD_TRIES = 4  # rounds of segments taken out of a plan's lead (_partial_lead)
 # a partial lead is a candidate when its modelled two-thread step is at least this much
