@@ -50,6 +50,10 @@ def test_the_spread_is_said_in_plain_words():
     assert "varies with TensorFlow's op order" in text
     assert "2.0 MiB (steady) to 3.0 MiB (warm-up)" in text and "1.50x" in text
     assert not shows_spread(1000, 995) and shows_spread(1000, 900)
+    # two warm-up orders (TF's dispatch queues taken either way): the phase said once
+    same = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up")
+    assert "from 2.0 MiB to 3.0 MiB, both in warm-up orders" in same
+    assert same.count("warm-up") == 1
 
 
 def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):

@@ -116,8 +116,12 @@ def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
                     label: str = "") -> str:
     """In plain words: the peak depends on the order TF runs independent ops in."""
     what = f"the {label} peak" if label else "the peak"
-    return (f"{what} varies with TensorFlow's op order: from {format_bytes(low)} "
-            f"({low_phase}) to {format_bytes(high)} ({high_phase}), "
+    if low_phase == high_phase:  # several orders of one phase (the warm-up's): said once
+        span = (f"from {format_bytes(low)} to {format_bytes(high)}, both in "
+                f"{low_phase} orders")
+    else:
+        span = f"from {format_bytes(low)} ({low_phase}) to {format_bytes(high)} ({high_phase})"
+    return (f"{what} varies with TensorFlow's op order: {span}, "
             f"{format_bytes(high - low)} apart ({high / max(low, 1):.2f}x); a training run "
             f"reaches the highest, which gates use")
 
