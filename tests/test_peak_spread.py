@@ -7,7 +7,12 @@ from functools import partial
 import pytest
 
 from graphmem.analysis.memory import estimate_memory as _estimate_memory
-from graphmem.analysis.schedule import executor_order
+from graphmem.analysis.schedule import (
+    WALK_FIFO,
+    WALK_LIFO,
+    WALK_STEADY,
+    executor_order,
+)
 from graphmem.report.inspect_report import shows_spread, spread_sentence
 from tests.conftest import fixture_path, run_cli
 from tests.graphbuilder import G
@@ -36,6 +41,9 @@ def test_every_order_walked_is_reported_with_its_peak():
     assert est.peak_bytes == max(by_phase.values())  # the highest: a run reaches it
     assert est.lowest_peak_bytes == 2 * U + 256
     assert (est.phase, est.lowest_phase) == ("warm-up", "steady")
+    # and with how each order took the ready ops
+    assert {o.walk for o in est.orders} >= {WALK_STEADY, WALK_LIFO}
+    assert (est.walk, est.lowest_walk) == (WALK_LIFO, WALK_STEADY)
 
 
 def test_a_given_order_has_no_spread():
@@ -54,6 +62,10 @@ def test_the_spread_is_said_in_plain_words():
     same = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up")
     assert "from 2.0 MiB to 3.0 MiB, both in warm-up orders" in same
     assert same.count("warm-up") == 1
+    # ... told apart by their walks when those are known
+    walks = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up", "", WALK_LIFO, WALK_FIFO)
+    assert (f"from 2.0 MiB ({WALK_FIFO}) to 3.0 MiB ({WALK_LIFO}), both in warm-up orders"
+            in walks)
 
 
 def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
@@ -65,6 +77,8 @@ def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
     assert peak["highest_phase"] in ("steady", "warm-up")
     assert max(o["peak_bytes"] for o in peak["orders"]) == peak["highest_bytes"]
     assert min(o["peak_bytes"] for o in peak["orders"]) == peak["lowest_bytes"]
+    walks = {o["walk"] for o in peak["orders"]}
+    assert WALK_STEADY in walks and {peak["highest_walk"], peak["lowest_walk"]} <= walks
     res = run_cli("rewrite", fixture_path("mlp"), "-o", tmp_path / "r.meta",
                   "--batch-size", "64", "--json")
     out = json.loads(res.stdout)
@@ -72,6 +86,7 @@ def test_inspect_and_rewrite_json_carry_the_spread(tmp_path):
         spread = out[side]["peak_spread"]
         assert spread["highest_bytes"] == out[side]["estimated_peak_bytes"]
         assert spread["lowest_bytes"] <= spread["highest_bytes"]
+        assert spread["highest_walk"] in {o["walk"] for o in spread["orders"]}
 
 
 def test_a_rewrite_is_kept_only_when_its_highest_peak_is_lower(tmp_path, monkeypatch):

@@ -150,13 +150,14 @@ def floor_facts(floor: Floor) -> dict:
 
 def order_spread(mem) -> dict:
     """The peak's spread over TF's executor orders, for reports: the highest (a training
-    run's peak, the one gates use) and the lowest, each with its phase, and every order
-    walked."""
+    run's peak, the one gates use) and the lowest, each with its phase and walk (how the
+    order takes TF's ready ops, schedule.py's WALK_*), and every order walked."""
     return {"highest_bytes": mem.estimated_bytes, "highest_phase": mem.phase,
-            "highest_threads": mem.highest_threads,
+            "highest_threads": mem.highest_threads, "highest_walk": mem.walk,
             "ranking_bytes": mem.peak_bytes,
             "lowest_bytes": mem.lowest_peak_bytes, "lowest_phase": mem.lowest_phase,
-            "orders": [{"phase": o.phase, "threads": o.threads, "peak_bytes": o.peak_bytes,
-                        "peak_op": o.peak_op}
+            "lowest_walk": mem.lowest_walk,
+            "orders": [{"phase": o.phase, "threads": o.threads, "walk": o.walk,
+                        "peak_bytes": o.peak_bytes, "peak_op": o.peak_op}
                        for o in mem.orders]}
 

@@ -30,7 +30,15 @@ from graphmem.analysis.loops import (
     analyze_loops,
     element_view,
 )
-from graphmem.analysis.schedule import StepTimes, executor_orders, two_thread_order
+from graphmem.analysis.schedule import (
+    WALK_GIVEN,
+    WALK_STEADY,
+    WALK_TOPOLOGICAL,
+    WALK_TWO_THREADS,
+    StepTimes,
+    executor_walks,
+    two_thread_order,
+)
 from graphmem.analysis.variables import persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
@@ -106,6 +114,7 @@ class MemoryEstimate:
     # the executor's phase the peak is in: "steady" or "warm-up" (its first ~90 steps, when
     # TF dispatches small ops as tasks; see schedule.py)
     phase: str = "steady"
+    walk: str = WALK_STEADY  # how that order takes the ready ops (schedule.py's WALK_*)
     # the peak of each executor order simulated (one when the order was given): TF's order
     # changes from process to process and from warm-up to steady state, and so does the
     # peak. `peak_bytes` is the highest of them (and `estimated_bytes` the highest step of
@@ -141,6 +150,12 @@ class MemoryEstimate:
         low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
         return low.phase if low is not None else self.phase
 
+    @property
+    def lowest_walk(self) -> str:
+        """How the order with the lowest peak takes the ready ops."""
+        low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
+        return low.walk if low is not None else self.walk
+
 
 @dataclass
 class OrderPeak:
@@ -150,6 +165,7 @@ class OrderPeak:
     peak_bytes: int
     peak_op: str
     threads: int = 1  # inter-op threads: 2 for the order two threads run (schedule.py)
+    walk: str = WALK_STEADY  # how it takes the ready ops (schedule.py's WALK_*)
 
 
 def loop_body_peak(body: GraphIndex, batch_size: int | None, library: Message,
@@ -193,33 +209,37 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes,
                          frozenset() if on else FIRST_INPUT_FORWARDING_OPS)
     if order is not None or schedule != "executor":
-        return _with_orders(run_in(order if order is not None else index.topo), [])
+        est = run_in(order if order is not None else index.topo)
+        est.walk = WALK_GIVEN if order is not None else WALK_TOPOLOGICAL
+        return _with_orders(est, [])
     # a training run goes through TF's warm-up orders, then its steady one (schedule.py):
     # its peak is the highest. On two cores forked children simulate the others
     # (the executor's orders hold only `nodes`: no need to filter them again)
-    (_, first_order), *others = executor_orders(index, nodes, batch_size, bypassed)
-    # (phase, order, start and end times: two threads running ops side by side)
-    orders = [(phase, order, None) for phase, order in others]
+    (_, first_walk, first_order), *others = executor_walks(index, nodes, batch_size,
+                                                           bypassed)
+    # (phase, walk, order, start and end times: two threads running ops side by side)
+    orders = [(phase, walk, order, None) for phase, walk, order in others]
     two = two_thread_order(index, nodes, batch_size, bypassed) \
         if two_threads and allocator else None
     if two is not None:
-        orders.append(("warm-up", two.order, (two.start_at, two.end_at)))
-    aside = [(phase, order, timing,
+        orders.append(("warm-up", WALK_TWO_THREADS, two.order, (two.start_at, two.end_at)))
+    aside = [(phase, walk, order, timing,
               Background(partial(run_in, order, True, timing), len(index)))
-             for phase, order, timing in orders]
+             for phase, walk, order, timing in orders]
     best = run_in(first_order, True)
-    walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op)]
+    best.walk = first_walk
+    walked = [OrderPeak(best.phase, best.peak_bytes, best.peak_op, walk=first_walk)]
     highest, threads = best.highest_bytes, 1
-    for phase, order, timing, job in aside:
+    for phase, walk, order, timing, job in aside:
         est = job.result() or run_in(order, True, timing)
         n = 1 if timing is None else 2
-        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op, n))
+        walked.append(OrderPeak(phase, est.peak_bytes, est.peak_op, n, walk))
         if est.estimated_bytes > highest:
             highest, threads = est.estimated_bytes, n
         # two threads: a bound on the peak only (plans are ranked on one thread's
         # orders, which measured rewrites follow at one thread)
         if est.peak_bytes > best.peak_bytes and n == 1:
-            est.phase, best = phase, est
+            est.phase, est.walk, best = phase, walk, est
     best.highest_bytes, best.highest_threads = highest, threads
     best.step_times = two.times if two is not None else None
     return _with_orders(best, walked)
@@ -227,7 +247,7 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
 
 def _with_orders(est: MemoryEstimate, walked: list[OrderPeak]) -> MemoryEstimate:
     """The estimate with the orders walked to reach it (itself alone when none)."""
-    est.orders = walked or [OrderPeak(est.phase, est.peak_bytes, est.peak_op)]
+    est.orders = walked or [OrderPeak(est.phase, est.peak_bytes, est.peak_op, walk=est.walk)]
     return est
 
 

@@ -62,10 +62,33 @@ REVERSE_WALK_OPS = 50_000
 _SMALL_BYTES = 4096
 
 
+# How each order the simulation walks takes TF's ready ops (OrderPeak.walk, the reports'
+# words for it): the steady state's, and the warm-up's with its dispatched ops taken
+# last in, first out (TF1 steps, and a TF2 step's pool thread), the same with ops readied
+# together through control edges taken in reverse, and first in, first out (a TF2 step's
+# caller thread); two_thread_order's is two threads running ops side by side
+WALK_STEADY = "steady state"
+WALK_LIFO = "dispatched ops last in, first out"
+WALK_REVERSED = "dispatched ops last in, first out, control edges reversed"
+WALK_FIFO = "dispatched ops first in, first out"
+WALK_TWO_THREADS = "two threads side by side"
+WALK_TOPOLOGICAL = "topological order"  # estimate_memory(schedule="topo")
+WALK_GIVEN = "the order given"  # estimate_memory(order=...)
+
+
 def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
                     batch_size: int | None = None,
                     bypassed: set[int] | None = None) -> list[tuple[str, list[int]]]:
-    """The distinct orders a training run goes through, each with its phase: the steady
+    """The distinct orders of executor_walks, each with its phase."""
+    return [(phase, order) for phase, _, order in
+            executor_walks(index, nodes, batch_size, bypassed)]
+
+
+def executor_walks(index: GraphIndex, nodes: set[int] | None = None,
+                   batch_size: int | None = None,
+                   bypassed: set[int] | None = None) -> list[tuple[str, str, list[int]]]:
+    """The distinct orders a training run goes through, each with its phase and walk
+    (WALK_*, how it takes the ready ops): the steady
     state's, and the warm-up's. In a TF2 step the warm-up's dispatched ops are taken both
     ways: the caller's thread runs the step's start and queues the expensive ops it
     readies behind each other (first in, first out), while the pool thread, once it runs
@@ -86,15 +109,15 @@ def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
     REVERSE_WALK_OPS ops (real networks' steps; synthetic 100k-op chains keep the time
     they had)."""
     step = _StepGraph(index, nodes, batch_size, bypassed)
-    found = [("steady", step.walk(warm_up=False))]
-    candidates = [("warm-up", step.walk(warm_up=True))]
-    if len(found[0][1]) <= REVERSE_WALK_OPS:
-        candidates.append(("warm-up", step.walk(warm_up=True, reverse=True)))
+    found = [("steady", WALK_STEADY, step.walk(warm_up=False))]
+    candidates = [("warm-up", WALK_LIFO, step.walk(warm_up=True))]
+    if len(found[0][2]) <= REVERSE_WALK_OPS:
+        candidates.append(("warm-up", WALK_REVERSED, step.walk(warm_up=True, reverse=True)))
     if step.function_body:
-        candidates.append(("warm-up", step.walk(warm_up=True, fifo=True)))
-    for phase, order in candidates:
-        if all(order != seen for _, seen in found):
-            found.append((phase, order))
+        candidates.append(("warm-up", WALK_FIFO, step.walk(warm_up=True, fifo=True)))
+    for phase, walk, order in candidates:
+        if all(order != seen for _, _, seen in found):
+            found.append((phase, walk, order))
     return found
 
 

@@ -88,7 +88,8 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
         console.print(spread_sentence(peak["highest_bytes"], peak["lowest_bytes"],
                                       threads_label(peak["highest_phase"],
                                                     peak["highest_threads"]),
-                                      peak["lowest_phase"]))
+                                      peak["lowest_phase"], "", peak["highest_walk"],
+                                      peak["lowest_walk"]))
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if facts.floor.get("bytes"):
@@ -113,11 +114,15 @@ _PHASE_NOTE = {"warm-up": " (in a training run's first ~90 steps, when TensorFlo
 
 
 def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
-                    label: str = "") -> str:
-    """In plain words: the peak depends on the order TF runs independent ops in."""
+                    label: str = "", high_walk: str = "", low_walk: str = "") -> str:
+    """In plain words: the peak depends on the order TF runs independent ops in. Two
+    orders of one phase (the warm-up's) are told apart by their walks (how each takes
+    TF's ready ops, schedule.py's WALK_*), when given."""
     what = f"the {label} peak" if label else "the peak"
     if low_phase == high_phase:  # several orders of one phase (the warm-up's): said once
-        span = (f"from {format_bytes(low)} to {format_bytes(high)}, both in "
+        walks = low_walk and high_walk and low_walk != high_walk
+        span = (f"from {format_bytes(low)}{f' ({low_walk})' if walks else ''} to "
+                f"{format_bytes(high)}{f' ({high_walk})' if walks else ''}, both in "
                 f"{low_phase} orders")
     else:
         span = f"from {format_bytes(low)} ({low_phase}) to {format_bytes(high)} ({high_phase})"
