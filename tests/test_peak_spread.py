@@ -43,7 +43,7 @@ def test_every_order_walked_is_reported_with_its_peak():
     assert (est.phase, est.lowest_phase) == ("warm-up", "steady")
     # and with how each order took the ready ops
     assert {o.walk for o in est.orders} >= {WALK_STEADY, WALK_LIFO}
-    assert (est.walk, est.lowest_walk) == (WALK_LIFO, WALK_STEADY)
+    assert (est.walk, est.highest_walk, est.lowest_walk) == (WALK_LIFO, WALK_LIFO, WALK_STEADY)
 
 
 def test_a_given_order_has_no_spread():

@@ -153,7 +153,7 @@ def order_spread(mem) -> dict:
     run's peak, the one gates use) and the lowest, each with its phase and walk (how the
     order takes TF's ready ops, schedule.py's WALK_*), and every order walked."""
     return {"highest_bytes": mem.estimated_bytes, "highest_phase": mem.phase,
-            "highest_threads": mem.highest_threads, "highest_walk": mem.walk,
+            "highest_threads": mem.highest_threads, "highest_walk": mem.highest_walk,
             "ranking_bytes": mem.peak_bytes,
             "lowest_bytes": mem.lowest_peak_bytes, "lowest_phase": mem.lowest_phase,
             "lowest_walk": mem.lowest_walk,

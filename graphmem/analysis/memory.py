@@ -151,6 +151,12 @@ class MemoryEstimate:
         return low.phase if low is not None else self.phase
 
     @property
+    def highest_walk(self) -> str:
+        """How the order of the highest step takes the ready ops: two threads' walk when
+        that step is theirs (`highest_threads`), else the walk of the order `phase` names."""
+        return WALK_TWO_THREADS if self.highest_threads == 2 else self.walk
+
+    @property
     def lowest_walk(self) -> str:
         """How the order with the lowest peak takes the ready ops."""
         low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
