@@ -324,7 +324,7 @@ def test_the_compiled_executor_walk_agrees_with_the_python_walk(seed, monkeypatc
     ix = _random_step_graph(rng, 300 + 150 * seed, function_body=seed % 2 == 1)
     bypassed = set(rng.sample(range(len(ix)), 5))
     nodes = set(range(len(ix))) - {len(ix) - 1} if seed % 3 == 0 else None
-    compiled = schedule.executor_orders(ix, nodes, 4, bypassed)
+    compiled = schedule.executor_walks(ix, nodes, 4, bypassed)
     for warm_up in (False, True):
         for fifo in (False, True):
             for reverse in (False, True):
@@ -335,6 +335,6 @@ def test_the_compiled_executor_walk_agrees_with_the_python_walk(seed, monkeypatc
                     assert walked == schedule.executor_order(ix, nodes, 4, bypassed,
                                                              warm_up, fifo, reverse)
     monkeypatch.setattr(schedule, "native", None)
-    reference = schedule.executor_orders(ix, nodes, 4, bypassed)
+    reference = schedule.executor_walks(ix, nodes, 4, bypassed)
     assert compiled == reference
-    assert sorted(compiled[0][1]) == sorted(nodes if nodes is not None else range(len(ix)))
+    assert sorted(compiled[0][2]) == sorted(nodes if nodes is not None else range(len(ix)))

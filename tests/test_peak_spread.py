@@ -63,7 +63,8 @@ def test_the_spread_is_said_in_plain_words():
     assert "from 2.0 MiB to 3.0 MiB, both in warm-up orders" in same
     assert same.count("warm-up") == 1
     # ... told apart by their walks when those are known
-    walks = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up", "", WALK_LIFO, WALK_FIFO)
+    walks = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up", high_walk=WALK_LIFO,
+                           low_walk=WALK_FIFO)
     assert (f"from 2.0 MiB ({WALK_FIFO}) to 3.0 MiB ({WALK_LIFO}), both in warm-up orders"
             in walks)
 
@@ -157,10 +158,10 @@ def test_big_steps_are_walked_in_graph_order_only(monkeypatch):
 
     ix = _control_tie()
     assert executor_order(ix, warm_up=True, reverse=True) in [
-        order for _, order in schedule.executor_orders(ix)]
+        order for _, _, order in schedule.executor_walks(ix)]
     monkeypatch.setattr(schedule, "REVERSE_WALK_OPS", len(ix) - 1)
     assert all(order in (executor_order(ix), executor_order(ix, warm_up=True))
-               for _, order in schedule.executor_orders(ix))
+               for _, _, order in schedule.executor_walks(ix))
 
 
 def _two_branches():

@@ -144,10 +144,13 @@ class MemoryEstimate:
         """The lowest peak over the orders simulated: a run may peak this low."""
         return min((o.peak_bytes for o in self.orders), default=self.peak_bytes)
 
+    def _lowest_order(self) -> OrderPeak | None:
+        return min(self.orders, key=lambda o: o.peak_bytes, default=None)
+
     @property
     def lowest_phase(self) -> str:
         """The phase of the order with the lowest peak."""
-        low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
+        low = self._lowest_order()
         return low.phase if low is not None else self.phase
 
     @property
@@ -159,7 +162,7 @@ class MemoryEstimate:
     @property
     def lowest_walk(self) -> str:
         """How the order with the lowest peak takes the ready ops."""
-        low = min(self.orders, key=lambda o: o.peak_bytes, default=None)
+        low = self._lowest_order()
         return low.walk if low is not None else self.walk
 
 

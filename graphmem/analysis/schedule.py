@@ -56,7 +56,7 @@ CHEAP_OPS = frozenset({
     "LoopCond", "RefIdentity", "ZerosLike", "OnesLike", "Fill", "BroadcastGradientArgs",
     "DynamicStitch", "Pack", "StridedSlice", "ConcatOffset", "InvertPermutation", "Range",
 })
-# Steps with more ops are walked in GraphDef order only (executor_orders).
+# Steps with more ops are walked in GraphDef order only (executor_walks).
 REVERSE_WALK_OPS = 50_000
 # Ops this small are taken as inexpensive (TF learns so after ~90 runs of each).
 _SMALL_BYTES = 4096
@@ -74,14 +74,6 @@ WALK_FIFO = "dispatched ops first in, first out"
 WALK_TWO_THREADS = "two threads side by side"
 WALK_TOPOLOGICAL = "topological order"  # estimate_memory(schedule="topo")
 WALK_GIVEN = "the order given"  # estimate_memory(order=...)
-
-
-def executor_orders(index: GraphIndex, nodes: set[int] | None = None,
-                    batch_size: int | None = None,
-                    bypassed: set[int] | None = None) -> list[tuple[str, list[int]]]:
-    """The distinct orders of executor_walks, each with its phase."""
-    return [(phase, order) for phase, _, order in
-            executor_walks(index, nodes, batch_size, bypassed)]
 
 
 def executor_walks(index: GraphIndex, nodes: set[int] | None = None,
@@ -192,7 +184,7 @@ def two_thread_order(index: GraphIndex, nodes: set[int] | None = None,
 
 class _StepGraph:
     """The step's ops with their successors, pending counts and which ones run inline:
-    built once, walked once per order (executor_orders walks it two or three times)."""
+    built once, walked once per order (executor_walks walks it two or three times)."""
 
     def __init__(self, index: GraphIndex, nodes: set[int] | None, batch_size: int | None,
                  bypassed: set[int] | None) -> None:

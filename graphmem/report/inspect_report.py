@@ -88,8 +88,8 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
         console.print(spread_sentence(peak["highest_bytes"], peak["lowest_bytes"],
                                       threads_label(peak["highest_phase"],
                                                     peak["highest_threads"]),
-                                      peak["lowest_phase"], "", peak["highest_walk"],
-                                      peak["lowest_walk"]))
+                                      peak["lowest_phase"], high_walk=peak["highest_walk"],
+                                      low_walk=peak["lowest_walk"]))
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if facts.floor.get("bytes"):

@@ -264,7 +264,7 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
             console.print("  " + spread_sentence(
                 est.estimated_bytes, est.lowest_peak_bytes,
                 threads_label(est.phase, est.highest_threads), est.lowest_phase, label,
-                est.highest_walk, est.lowest_walk))
+                high_walk=est.highest_walk, low_walk=est.lowest_walk))
     if plot:
         console.print(f"plot written to {plot}")
 
