@@ -819,9 +819,10 @@ def search_memory(index: GraphIndex, regions, facts, batch_size: int | None,
                   base_times: Callable[[], StepTimes | None] | None = None
                   ) -> BudgetCandidate:
     """The memory policy: the plan with the lowest estimated peak among memory_candidates
-    that recompute at most MEMORY_MAX_RECOMPUTE of the forward FLOPs (all of them when none
-    does: the cheapest; every plan when those peak above MEMORY_CAP_MAX_COST times the
-    lowest plan's highest estimated step); among the plans within MEMORY_TOLERANCE of it,
+    that recompute at most MEMORY_MAX_RECOMPUTE of the forward FLOPs or are modelled within
+    MEMORY_TARGET_STEP_TIME of the original's step time (all of them when none does: the
+    cheapest; every plan when those peak above MEMORY_CAP_MAX_COST times the lowest plan's
+    highest estimated step); among the plans within MEMORY_TOLERANCE of it,
     the one with the least recompute (so no plan tried beats it on both); and a plan with
     less recompute still where its recompute above MEMORY_FREE_RECOMPUTE is worth more than
     the peak it gives up (MEMORY_RECOMPUTE_WEIGHT). Plans whose modelled step time is above
