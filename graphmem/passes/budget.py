@@ -992,17 +992,22 @@ def _too_slow(run: BudgetCandidate, base: StepTimes | None) -> bool:
     """Is a plan's modelled step time above MEMORY_MAX_STEP_TIME times the original's, at
     one or at two inter-op threads? Never without the original's times or the plan's (a
     step with v1 loops or too many ops is not walked on two threads)."""
-    times = run.after.step_times
-    return base is not None and times is not None and \
-        max(times.ratio(base)) > MEMORY_MAX_STEP_TIME
+    ratio = _slower_step_ratio(run, base)
+    return ratio is not None and ratio > MEMORY_MAX_STEP_TIME
 
 
 def _on_target(run: BudgetCandidate, base: StepTimes | None) -> bool:
     """Is a plan's modelled step time within MEMORY_TARGET_STEP_TIME times the original's
     at one and at two inter-op threads? False when either is not modelled."""
+    ratio = _slower_step_ratio(run, base)
+    return ratio is not None and ratio <= MEMORY_TARGET_STEP_TIME
+
+
+def _slower_step_ratio(run: BudgetCandidate, base: StepTimes | None) -> float | None:
+    """A plan's modelled step time over the original's at one or two inter-op threads,
+    whichever is higher; None when either step is not modelled."""
     times = run.after.step_times
-    return base is not None and times is not None and \
-        max(times.ratio(base)) <= MEMORY_TARGET_STEP_TIME
+    return None if base is None or times is None else max(times.ratio(base))
 
 
 def _least_recompute_lowest(runs: list[BudgetCandidate]) -> BudgetCandidate:
@@ -1091,16 +1096,16 @@ def _with_late_copies(best: BudgetCandidate, runner: PlanRunner) -> BudgetCandid
     delays holds other values back (tf-slim ResNet-50 v2 at 224 px, batch 32: estimated
     571 MiB without, 605 MiB with), TF's own order does better."""
     late = _try(runner, best.policy, replace(best.choice, late_copies=True), best.solution)
-    late.unled_below = best.unled_below
     if late.extra_flops == best.extra_flops:
         return None
-    if not runner.ran_weight_grads_first(late.applied):
-        return late
-    plain = _try(runner, best.policy,
-                 replace(best.choice, late_copies=True, weight_grads_first=False),
-                 best.solution)
-    plain.unled_below = best.unled_below
-    return plain if plain.after.peak_bytes <= late.after.peak_bytes else late
+    if runner.ran_weight_grads_first(late.applied):
+        plain = _try(runner, best.policy,
+                     replace(best.choice, late_copies=True, weight_grads_first=False),
+                     best.solution)
+        if plain.after.peak_bytes <= late.after.peak_bytes:
+            late = plain
+    late.unled_below = best.unled_below  # the same plan's variant: the same plan below it
+    return late
 
 
 def memory_candidates(index: GraphIndex, regions, facts, batch_size: int | None,
