@@ -653,7 +653,9 @@ MEMORY_TARGET_STEP_TIME = 1.35
 # cap took the plans measured above 1.35x out (both are modelled above 1.4x); it must be
 # above 0.35 to keep tf-slim Inception v3's 72% plan (859 MiB) over its 82% one (830 MiB)
 # and below 0.56 to write Keras' ResNet50V2's 80% plan (MEMORY_TARGET_STEP_TIME) for the
-# 10% of peak it saves (benchmarks/memory_tolerance.py prints each network's pick).
+# 10% of peak it saves (estimates of the plans `graphmem rewrite` tries, read with a
+# scratch script that logged them: docs/findings.md, "Plans on target above the FLOPs
+# cap, and partial leads above a slow plan").
 MEMORY_FREE_RECOMPUTE = 0.6
 MEMORY_RECOMPUTE_WEIGHT = 0.45
 # The memory policy leaves out plans whose modelled step time (analysis/schedule.py: the
