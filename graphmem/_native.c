@@ -324,7 +324,7 @@ static int step_allocators(Allocators *all, PyObject *events, PyObject *persiste
             PyErr_SetString(PyExc_ValueError, "replay_step: an empty event");
             return -1;
         }
-        if (len == 4 && allocator_of(all, PyTuple_GET_ITEM(ev, 1), 1) < 0) return -1;
+        if (len >= 4 && allocator_of(all, PyTuple_GET_ITEM(ev, 1), 1) < 0) return -1;
     }
     *hosted = -1;
     if (host != Py_None) {
@@ -345,10 +345,13 @@ static void clear_allocators(Allocators *all) {
  * was in use when it began (and the position of the event that reached it), the bytes in
  * use at each mark appended to `timeline` (when given). An adopt event (buffer, k, ADOPT)
  * hands the buffer to variable k of `owned` and frees the variable's old chunk (without
- * `owned`, np = 0, such events are not expected). What the step leaves allocated is freed
- * at its end. */
+ * `owned`, np = 0, such events are not expected). A five-field event (buffer, device,
+ * bytes, position, k) is a copy of variable k made by the `first` step only: the variable
+ * takes the new chunk, its old one stays in use (bfc.py). What the step leaves allocated
+ * is freed at its end. */
 static int run_step(Allocators *all, PyObject *events, Py_ssize_t hosted, long long *owned,
-                    Py_ssize_t np, PyObject *timeline, int64_t *peak, int64_t *peak_pos) {
+                    Py_ssize_t np, PyObject *timeline, int64_t *peak, int64_t *peak_pos,
+                    int first) {
     int rc = -1;
     PyObject *handles = PyDict_New();
     if (!handles) return -1;
@@ -384,6 +387,24 @@ static int run_step(Allocators *all, PyObject *events, Py_ssize_t hosted, long l
                     if (*peak_pos == -1 && PyErr_Occurred()) goto done;
                 }
             }
+        } else if (len == 5) {
+            if (!first || !owned) continue;
+            Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(ev, 4));
+            if (k == -1 && PyErr_Occurred()) goto done;
+            if (k < 0 || k >= np) {
+                PyErr_SetString(PyExc_IndexError, "replay_step: no such variable");
+                goto done;
+            }
+            Py_ssize_t a = allocator_of(all, PyTuple_GET_ITEM(ev, 1), 0);
+            if (a < 0) goto done;
+            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
+            if (b == -1 && PyErr_Occurred()) goto done;
+            BFC *alloc = &all->items[a];
+            int64_t before = alloc->in_use;
+            int32_t chunk = bfc_allocate(alloc, b);
+            if (chunk < 0) goto done;
+            owned[k] = ((long long)a << 32) | (uint32_t)chunk; /* the old chunk stays */
+            if (a != hosted) step += alloc->in_use - before;
         } else if (len == 1) {
             if (timeline) {
                 PyObject *v = PyLong_FromLongLong(step - start);
@@ -441,7 +462,7 @@ static PyObject *replay_step(PyObject *self, PyObject *args) {
     int64_t *base = NULL, peak, peak_pos;
     Py_ssize_t hosted;
     if (step_allocators(&all, events, persistent, host, NULL, &hosted) < 0) goto done;
-    if (run_step(&all, events, hosted, NULL, 0, NULL, &peak, &peak_pos) < 0) goto done;
+    if (run_step(&all, events, hosted, NULL, 0, NULL, &peak, &peak_pos, 0) < 0) goto done;
     base = PyMem_Calloc((size_t)all.len + 1, sizeof(int64_t));
     if (!base) {
         PyErr_NoMemory();
@@ -449,7 +470,7 @@ static PyObject *replay_step(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t a = 0; a < all.len; a++) base[a] = all.items[a].peak = all.items[a].in_use;
     if (keep_timeline && !(timeline = PyList_New(0))) goto done;
-    if (run_step(&all, events, hosted, NULL, 0, timeline, &peak, &peak_pos) < 0) goto done;
+    if (run_step(&all, events, hosted, NULL, 0, timeline, &peak, &peak_pos, 0) < 0) goto done;
     peak_dev = PyDict_New();
     if (!peak_dev) goto done;
     PyObject *dev, *value;
@@ -476,8 +497,9 @@ done:
     return result;
 }
 
-/* bfc._highest_moving_step: the first step, then `steps` measured ones, variables taking
- * over buffers as the adopt events say; returns the highest measured step's peak */
+/* bfc._highest_moving_step: the first step (making the variables' copies), then `steps`
+ * measured ones, variables taking over buffers as the adopt events say; returns the
+ * highest measured step's peak */
 static PyObject *replay_moving(PyObject *self, PyObject *args) {
     PyObject *events, *persistent, *host;
     Py_ssize_t steps;
@@ -492,7 +514,8 @@ static PyObject *replay_moving(PyObject *self, PyObject *args) {
     if (step_allocators(&all, events, persistent, host, owned, &hosted) < 0) goto done;
     int64_t highest = 0, peak, peak_pos;
     for (Py_ssize_t s = 0; s <= steps; s++) {
-        if (run_step(&all, events, hosted, owned, np, NULL, &peak, &peak_pos) < 0) goto done;
+        if (run_step(&all, events, hosted, owned, np, NULL, &peak, &peak_pos, s == 0) < 0)
+            goto done;
         if (s > 0 && peak > highest) highest = peak;
     }
     result = PyLong_FromLongLong(highest);

@@ -108,6 +108,36 @@ def test_moving_replay_agrees_with_the_python_allocator(seed, monkeypatch):
     assert reference.highest >= reference.peak > 0
 
 
+@needs_native
+@pytest.mark.parametrize("seed", range(6))
+def test_first_step_copies_and_unranked_buffers_agree_with_the_python_allocator(
+        seed, monkeypatch):
+    """The first step's copies of variables (five-field events) and buffers the ranking
+    leaves out (bfc.UNRANKED, oneDNN's workspaces): both peaks agree, with and without
+    moving variables."""
+    rng = random.Random(200 + seed)
+    devices = ["/device:CPU:0", "/device:GPU:0"][: 1 + seed % 2]
+    persistent = [(rng.choice(devices), rng.randrange(1, 4 * MIB)) for _ in range(2 + seed)]
+    events = _random_step(rng, 150 + 40 * seed, devices)
+    if seed % 3 == 0:
+        events = _with_adoptions(rng, events, len(persistent))
+    for k, (dev, b) in enumerate(persistent):  # each variable's copy, somewhere in the step
+        at = rng.randrange(len(events))
+        events.insert(at, (("copy", k), dev, b, at, k))
+    for n in range(4):  # workspaces, freed later in the step
+        at = rng.randrange(len(events))
+        key = (n, bfc.UNRANKED)
+        events.insert(at, (key, rng.choice(devices), rng.randrange(1, 4 * MIB), at))
+        events.insert(rng.randrange(at + 1, len(events) + 1), (key, None))
+    host = [None, "/device:CPU:0"][seed % 2]
+    monkeypatch.setattr(bfc, "MOVING_STEPS", 20)
+    compiled = bfc.replay_step(events, persistent, host, False)
+    monkeypatch.setattr(bfc, "native", None)
+    reference = bfc.replay_step(events, persistent, host, False)
+    assert compiled == reference
+    assert reference.highest >= reference.peak > 0
+
+
 def test_moving_steps_shrink_on_huge_steps_only():
     assert bfc.moving_steps(1000) == bfc.MOVING_STEPS
     assert bfc.moving_steps(10 * bfc.MOVING_EVENTS) == bfc.MIN_MOVING_STEPS

@@ -58,6 +58,10 @@ def test_the_spread_is_said_in_plain_words():
     assert "varies with TensorFlow's op order" in text
     assert "2.0 MiB (steady) to 3.0 MiB (warm-up)" in text and "1.50x" in text
     assert not shows_spread(1000, 995) and shows_spread(1000, 900)
+    # above every order's own step: what earlier steps leave in the allocator, said too
+    carried = spread_sentence(3 << 20, 2 << 20, "warm-up", "steady", carried=True)
+    assert "varies with TensorFlow's op order and with what earlier steps leave in its " \
+        "allocator" in carried and "op order and" not in text
     # two warm-up orders (TF's dispatch queues taken either way): the phase said once
     same = spread_sentence(3 << 20, 2 << 20, "warm-up", "warm-up")
     assert "from 2.0 MiB to 3.0 MiB, both in warm-up orders" in same

@@ -53,6 +53,11 @@ class StepPeaks:
 
 
 ADOPT = "adopt"  # the third field of an event (buffer, variable's place, ADOPT)
+# A five-field event (buffer, device, bytes, position, k) is a copy the first step makes of
+# variable `persistent[k]`: the variable takes the new chunk and its old one stays in use.
+# TF1 sessions do this once: a variable initialized from a constant shares the constant's
+# buffer, so its first in-place update writes a copy (memory.py), left among the chunks
+# the first step freed. Later steps skip the event.
 # steps replayed after the first when variables take over buffers (Keras' slots): their
 # chunks move every step, and so does the rounding; the highest step counts. The layout
 # wanders for dozens of steps before it settles, if it does (Keras' VGG16 step of the model
@@ -60,6 +65,10 @@ ADOPT = "adopt"  # the third field of an event (buffer, variable's place, ADOPT)
 # 61-104 MiB over 110), so a training run's first 110 steps, TF's warm-up and the start of
 # its steady state, are replayed, fewer where that would replay more than MOVING_EVENTS
 # events (never fewer than MIN_MOVING_STEPS)
+# an allocation whose buffer key's second field is UNRANKED counts in `highest` alone, not
+# in the `peak` that ranks plans (oneDNN's workspaces, memory.py: plans are still ranked
+# as they were measured before those were modelled)
+UNRANKED = -(1 << 30)
 MOVING_STEPS = 110
 MIN_MOVING_STEPS = 12
 MOVING_EVENTS = 20_000_000
@@ -76,7 +85,9 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
     With such events the allocator's state differs from step to step: `peak` is replayed
     with the variables kept in place (the same every time: it ranks plans), `highest` is
     the highest of that and of the steps after the first (`moving_steps`) with the variables
-    moving (what a training run may reach). `host`'s allocator is left out of `peak`."""
+    moving (what a training run may reach). So with first-step copies (five fields, above):
+    `peak` without them, `highest` also over the steps after a first step that makes them.
+    `host`'s allocator is left out of `peak`."""
     try:
         return _replay_step(events, persistent, host, keep_timeline)
     except OverflowError:  # absurd sizes: a huge batch size or `_output_shapes` dim
@@ -89,10 +100,16 @@ def replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: st
 def _replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: str | None,
                  keep_timeline: bool) -> StepPeaks:
     moving = any(len(ev) == 3 for ev in events)
-    if moving:  # the steps the variables stay put in: the same every time, it ranks plans
-        peaks = _replay_step([ev for ev in events if len(ev) != 3], persistent, host,
+    copies = any(len(ev) == 5 for ev in events)
+    unranked = any(len(ev) == 4 and _unranked(ev[0]) for ev in events)
+    if moving or copies or unranked:  # the steps the variables stay put in: the same
+        # every time, they rank plans
+        peaks = _replay_step([ev for ev in events if _ranked(ev)], persistent, host,
                              keep_timeline)
-        peaks.highest = max(peaks.peak, _highest_moving_step(events, persistent, host))
+        # without moves, every step after the first starts from the same state: one is
+        # enough
+        steps = moving_steps(len(events)) if moving else 1
+        peaks.highest = max(peaks.peak, _highest_moving_step(events, persistent, host, steps))
         return peaks
     if native is not None:
         peak, peak_pos, peak_dev, host_peak, timeline = native.replay_step(
@@ -105,15 +122,24 @@ def _replay_step(events: list[tuple], persistent: list[tuple[str, int]], host: s
     return peaks
 
 
+def _ranked(ev: tuple) -> bool:
+    """Whether an event counts in the peak that ranks plans."""
+    n = len(ev)
+    return n == 1 or (n in (2, 4) and not _unranked(ev[0]))
+
+
+def _unranked(buffer) -> bool:
+    return type(buffer) is tuple and len(buffer) > 1 and buffer[1] == UNRANKED
+
+
 def _highest_moving_step(events: list[tuple], persistent: list[tuple[str, int]],
-                         host: str | None) -> int:
-    """The highest peak of the steps after the first (`moving_steps`), variables taking
-    over buffers as the events say."""
-    steps = moving_steps(len(events))
+                         host: str | None, steps: int) -> int:
+    """The highest peak of `steps` steps after the first, variables taking over buffers as
+    the events say (the first step also making its copies)."""
     if native is not None:
         return native.replay_moving(events, persistent, host, steps)
     allocators, owned, hosted = _allocators(events, persistent, host)
-    _run_step(events, allocators, owned, hosted, False)
+    _run_step(events, allocators, owned, hosted, False, first=True)
     return max(_run_step(events, allocators, owned, hosted, False).peak
                for _ in range(steps))
 
@@ -134,16 +160,17 @@ def _allocators(events: list[tuple], persistent: list[tuple[str, int]], host: st
         a = allocators.setdefault(dev, BFCAllocator())
         owned.append((a, a.allocate(b)))
     for ev in events:
-        if len(ev) == 4 and ev[1] not in allocators:
+        if len(ev) >= 4 and ev[1] not in allocators:
             allocators[ev[1]] = BFCAllocator()
     return allocators, owned, allocators.get(host) if host is not None else None
 
 
 def _run_step(events: list[tuple], allocators: dict[str, BFCAllocator],
               owned: list[tuple[BFCAllocator, int]], hosted: BFCAllocator | None,
-              keep_timeline: bool) -> StepPeaks:
+              keep_timeline: bool, first: bool = False) -> StepPeaks:
     """One step through the allocators, from their state; its peaks above what was in use
-    when it began. What the step leaves allocated is freed at its end."""
+    when it began. What the step leaves allocated is freed at its end. The `first` step
+    makes the variables' copies (five-field events); the others skip them."""
     handles: dict = {}
     base = {d: a.in_use for d, a in allocators.items()}
     for a in allocators.values():
@@ -164,6 +191,13 @@ def _run_step(events: list[tuple], allocators: dict[str, BFCAllocator],
         elif n == 1:
             if keep_timeline:
                 timeline.append(step - start)
+        elif n == 5:
+            if first and owned:
+                a = allocators[ev[1]]
+                before = a.in_use
+                owned[ev[4]] = (a, a.allocate(ev[2]))  # the old chunk stays in use
+                if a is not hosted:
+                    step += a.in_use - before
         else:
             found = handles.pop(ev[0], None)
             if found is None:

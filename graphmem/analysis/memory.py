@@ -19,7 +19,7 @@ from itertools import compress
 
 from google.protobuf.message import Message
 
-from graphmem.analysis.bfc import ADOPT, replay_step
+from graphmem.analysis.bfc import ADOPT, UNRANKED, replay_step
 from graphmem.analysis.broadcast_grads import forwarding_reductions
 from graphmem.analysis.kernel_scratch import has_scratch, onednn_enabled, scratch_model
 from graphmem.analysis.loops import (
@@ -30,6 +30,7 @@ from graphmem.analysis.loops import (
     analyze_loops,
     element_view,
 )
+from graphmem.analysis.onednn_workspaces import Workspaces, onednn_workspaces
 from graphmem.analysis.schedule import (
     WALK_GIVEN,
     WALK_STEADY,
@@ -39,7 +40,7 @@ from graphmem.analysis.schedule import (
     executor_walks,
     two_thread_order,
 )
-from graphmem.analysis.variables import persistent_buffers
+from graphmem.analysis.variables import constant_initialized, persistent_buffers
 from graphmem.background import Background
 from graphmem.graph import dtypes
 from graphmem.graph.devices import normalize_device
@@ -216,7 +217,9 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                          scratch_model(index, batch_size, on, library=library),
                          allocator,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes,
-                         frozenset() if on else FIRST_INPUT_FORWARDING_OPS)
+                         frozenset() if on else FIRST_INPUT_FORWARDING_OPS,
+                         onednn_workspaces(index, batch_size) if on else Workspaces(),
+                         constant_initialized(index, nodes))
     if order is not None or schedule != "executor":
         est = run_in(order if order is not None else index.topo)
         est.walk = WALK_GIVEN if order is not None else WALK_TOPOLOGICAL
@@ -277,6 +280,8 @@ class _Simulation:
     variables: list[tuple[int, int]]
     nodes: set[int] | None
     first_input_forwarding: frozenset[str] = FIRST_INPUT_FORWARDING_OPS
+    workspaces: Workspaces = field(default_factory=Workspaces)
+    initial_copies: frozenset[int] = frozenset()  # variables.constant_initialized
 
     def __call__(self, order: list[int], of_nodes: bool = False,
                  timing: tuple[list[float], list[float]] | None = None) -> MemoryEstimate:
@@ -294,6 +299,7 @@ class _Simulation:
                         persistent=[(normal[devices[i]], b) for i, b in variables],
                         variable_keys={i: (k, b) for k, (i, b) in enumerate(variables)},
                         first_input_forwarding=self.first_input_forwarding,
+                        workspaces=self.workspaces, initial_copies=self.initial_copies,
                         timing=timing)
         live_at_peak: list[LiveTensor] = []
         if self.top and order:  # the buffers whose lifetime spans the peak
@@ -318,6 +324,8 @@ def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int,
         elem = index.shape(ins[1]) if len(ins) > 1 else None
         return LiveTensor(f"{index.names[buf[0]]} ({steps - 1} earlier steps)", b,
                           [steps - 1, *elem] if elem is not None else None)
+    if buf[1] == _WORKSPACE:
+        return LiveTensor(f"{index.names[buf[0]]} (oneDNN workspace)", b, None)
     if buf[1] <= _COW:  # the old buffer of a variable an update had to copy
         ins = index.data_inputs[buf[0]]
         j = _COW - buf[1]
@@ -330,6 +338,8 @@ def _live_tensor(index: GraphIndex, loops: LoopFacts, buf: Tensor, b: int,
 
 
 _STACK = -1  # output index of the virtual buffer that holds a v1 stack's earlier elements
+_WORKSPACE = UNRANKED  # output index of a oneDNN workspace (onednn_workspaces.py)
+_FIRST_COPY = -(1 << 31)  # - j: the first step's copy of the variable at input j (bfc.py)
 _COW = -2  # output index -2 - j: the old buffer of the variable at input j of an update
 
 
@@ -426,7 +436,9 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
               forwards: set[int] | None = None,
               variable_keys: dict[int, tuple[int, int]] | None = None,
               timing: tuple[list[float], list[float]] | None = None,
-              first_input_forwarding: frozenset[str] = FIRST_INPUT_FORWARDING_OPS) -> _Run:
+              first_input_forwarding: frozenset[str] = FIRST_INPUT_FORWARDING_OPS,
+              workspaces: Workspaces | None = None,
+              initial_copies: frozenset[int] = frozenset()) -> _Run:
     """One pass over `order` with reference-counted buffers. Linear in the graph: rather
     than listing the live set at every new peak, it records each buffer's lifetime
     (`track_lives`), from which the live set at the final peak is read afterwards.
@@ -450,7 +462,21 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     `AssignAddVariableOp` on each weight, while the step still holds a read of it).
 
     `timing` (start and end time of each position, two threads): the allocator's events
-    are put in time order, each op's frees at its end (`_in_time`)."""
+    are put in time order, each op's frees at its end (`_in_time`).
+
+    `workspaces` (onednn_workspaces.py): buffers oneDNN's forward kernels allocate beside
+    their outputs for their gradients alone, freed after the last of those gradients.
+    They count in the highest estimate, not yet in the one that ranks plans (bfc.py,
+    UNRANKED): ranked with them, six of nine tf-slim networks' memory plans change, and
+    those plans have not been measured.
+
+    `initial_copies`: variables that share a constant's buffer when a TF1 session starts
+    (variables.constant_initialized). The first in-place update of each writes a copy,
+    which the variable keeps, while the constant keeps the old chunk: the first step
+    leaves those copies among the chunks it frees, and every later step's chunks differ
+    (measured on tf-slim ResNet-50 v2: the momentum slots, 91 MiB, took 90 MiB more chunk
+    rounding from the second step on). A replay event of the first step alone (bfc.py);
+    what the later steps reach counts in the highest estimate, not in the ranking one."""
     run = _Run()
     # what the allocator is asked, in order, replayed through a model of TF's allocator
     # at the end (bfc.py, replay_step), which then counts every peak: the sums of
@@ -495,6 +521,10 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     kinds: dict[str, _OpKind] = {}
     ref_outputs = _ref_outputs(index)
     lifetimes = run.lifetimes
+    ws_bytes = workspaces.bytes_of if workspaces else None
+    ws_read_by = workspaces.read_by if workspaces else {}
+    ws_reads = workspaces.reads if workspaces else None
+    copied_once: set[int] = set()  # initial_copies already updated in this step
     peak = peak_pos = unknown = 0
     peak_dev = run.peak_dev
     blocks: list[int] = []  # with timing: where each op's events begin
@@ -532,6 +562,15 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                     if track_lives and dev != host:
                         born[(i, _COW - j)] = p
                     live += usage.add(dev, b)
+        if initial_copies and kind.updates and op != "AssignVariableOp" and \
+                events is not None and variable_keys:
+            for j, h in enumerate(inputs):
+                v = h[0]
+                if v in initial_copies and v not in copied_once and v in variable_keys:
+                    copied_once.add(v)
+                    k, b = variable_keys[v]
+                    events.append(((i, _FIRST_COPY - j), device_of[v], allocation_bytes(b),
+                                   p, k))
         taken = _NOTHING_TAKEN  # input buffers this op's outputs took over (a set once any)
         out_sizes = refs = None
         persistent_out = kind.persistent or (op == "Identity" and _reads_variable(index, i))
@@ -621,6 +660,16 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
                         run.host_peak = max(run.host_peak, live_dev[dev])
                     else:
                         live += b
+        if ws_bytes and i in ws_bytes and events is not None:  # (counted in replays only)
+            readers = sum(member[r] for r in ws_read_by[i])
+            if readers:
+                t = (i, _WORKSPACE)
+                b = allocation_bytes(ws_bytes[i])
+                size[t] = b
+                pending[t] = readers
+                if track_lives and dev != host:
+                    born[t] = p
+                events.append((t, dev, b, p))
         if pushed:
             for k in range(num_outputs[i]):
                 push = pushed.get((i, k))
@@ -668,6 +717,12 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
             if buf is not None:
                 pending[buf] = pending.get(buf, 0) - 1
                 touched.append(buf)
+        if ws_reads and i in ws_reads:
+            for f in ws_reads[i]:
+                buf = (f, _WORKSPACE)
+                if buf in size:
+                    pending[buf] -= 1
+                    touched.append(buf)
         if adopted is not None:  # before its free, which the replay then leaves alone
             events.append(adopted)
         if releases:
@@ -727,7 +782,7 @@ def _in_time(events: list[tuple], blocks: list[int], start_at: list[float],
             out.extend(heapq.heappop(ending)[2])
         frees: list[tuple] = []
         for ev in events[begin:bounds[p + 1]]:
-            (out if len(ev) in (1, 4) else frees).append(ev)
+            (out if len(ev) in (1, 4, 5) else frees).append(ev)
         if frees:
             if end_at[p] <= start:
                 out.extend(frees)

@@ -56,3 +56,48 @@ _CANDIDATE_TYPES = VARIABLE_OPS | {"_Arg"}
 
 def persistent_bytes(index: GraphIndex) -> int:
     return sum(v.bytes or 0 for v in find_variables(index))
+
+
+# ops whose result a constant input fixes: an initializer made of them (zeros, ones,
+# `constant_initializer`) yields a constant, which TF folds into one `Const` tensor
+_CONSTANT_EXPRESSION_OPS = frozenset({"Const", "Fill", "ZerosLike", "OnesLike", "Identity",
+                                      "Cast", "Reshape", "BroadcastTo", "Pack", "Mul",
+                                      "AddV2", "Add", "Sub"})
+_MAX_EXPRESSION = 32  # ops looked at above an initial value
+
+
+def constant_initialized(index: GraphIndex, step: set[int] | None = None) -> frozenset[int]:
+    """Resource variables a TF1 session initializes from a constant (an `AssignVariableOp`
+    outside the `step`, of a value made of constants alone). Why: TF then lets the variable
+    share the constant's buffer, and the first in-place update of the variable (an
+    optimizer's `ResourceApply*`, an `AssignAddVariableOp`) has to write a copy: measured,
+    every zeros-initialized momentum slot and bias, and no randomly initialized weight, was
+    copied by the first training step. One pass over the assignments."""
+    ops = index.ops
+    found: set[int] = set()
+    for a in compress(range(len(ops)), map("AssignVariableOp".__eq__, ops)):
+        if step is not None and a in step:
+            continue
+        ins = index.data_inputs[a]
+        if len(ins) != 2:
+            continue
+        v = index.under_identities(ins[0])[0]
+        if ops[v] == "VarHandleOp" and _constant_expression(index, ins[1][0]):
+            found.add(v)
+    return frozenset(found)
+
+
+def _constant_expression(index: GraphIndex, top: int) -> bool:
+    seen = {top}
+    todo = [top]
+    while todo:
+        i = todo.pop()
+        if index.ops[i] not in _CONSTANT_EXPRESSION_OPS:
+            return False
+        for s, _ in index.data_inputs[i]:
+            if s not in seen:
+                if len(seen) >= _MAX_EXPRESSION:
+                    return False
+                seen.add(s)
+                todo.append(s)
+    return True

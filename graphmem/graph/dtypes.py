@@ -19,6 +19,7 @@ INT64 = 9
 BOOL = 10
 RESOURCE = 20
 HALF = 19  # float16
+BFLOAT16 = 14
 FLOATS = frozenset({1, 2, 14, 19})  # float32, float64, bfloat16, float16
 VARIANT = 21
 

@@ -89,7 +89,10 @@ def _render_peak(facts: InspectFacts, console: Console) -> None:
                                       threads_label(peak["highest_phase"],
                                                     peak["highest_threads"]),
                                       peak["lowest_phase"], high_walk=peak["highest_walk"],
-                                      low_walk=peak["lowest_walk"]))
+                                      low_walk=peak["lowest_walk"],
+                                      carried=peak["highest_bytes"] > max(
+                                          (o["peak_bytes"] for o in peak["orders"]),
+                                          default=0)))
     for note in facts.estimate_notes:
         console.print(f"[yellow]estimate may be low[/]: {note}")
     if facts.floor.get("bytes"):
@@ -114,10 +117,13 @@ _PHASE_NOTE = {"warm-up": " (in a training run's first ~90 steps, when TensorFlo
 
 
 def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
-                    label: str = "", high_walk: str = "", low_walk: str = "") -> str:
+                    label: str = "", high_walk: str = "", low_walk: str = "",
+                    carried: bool = False) -> str:
     """In plain words: the peak depends on the order TF runs independent ops in. Two
     orders of one phase (the warm-up's) are told apart by their walks (how each takes
-    TF's ready ops, schedule.py's WALK_*), when given."""
+    TF's ready ops, schedule.py's WALK_*), when given. `carried`: the highest is above
+    every order's own step, from what earlier steps leave in the allocator (variables
+    given new chunks, memory.py)."""
     what = f"the {label} peak" if label else "the peak"
     if low_phase == high_phase:  # several orders of one phase (the warm-up's): said once
         walks = low_walk and high_walk and low_walk != high_walk
@@ -126,7 +132,8 @@ def spread_sentence(high: int, low: int, high_phase: str, low_phase: str,
                 f"{low_phase} orders")
     else:
         span = f"from {format_bytes(low)} ({low_phase}) to {format_bytes(high)} ({high_phase})"
-    return (f"{what} varies with TensorFlow's op order: {span}, "
+    cause = " and with what earlier steps leave in its allocator" if carried else ""
+    return (f"{what} varies with TensorFlow's op order{cause}: {span}, "
             f"{format_bytes(high - low)} apart ({high / max(low, 1):.2f}x); a training run "
             f"reaches the highest, which gates use")
 

@@ -237,12 +237,13 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
                   f"{format_bytes(a.persistent_bytes)}")
     for label, est in (("before", b), ("after", a)):
         if est.estimated_bytes > est.peak_bytes:
-            console.print(f"  {label}: {format_bytes(est.peak_bytes)} with the variables kept "
-                          f"in their chunks (plans are ranked by it), up to "
-                          f"{format_bytes(est.estimated_bytes)} as updates give them new "
-                          "buffers (whole values assigned, or copies made while a read "
-                          "is pending) and so move the allocator's chunks from step to "
-                          "step")
+            console.print(f"  {label}: {format_bytes(est.peak_bytes)} as plans are ranked "
+                          "(one inter-op thread, the variables kept in their chunks), up to "
+                          f"{format_bytes(est.estimated_bytes)} with what else a training "
+                          "run may reach: two threads, updates that give variables new "
+                          "buffers (whole values assigned, copies made while a read is "
+                          "pending or of a value a constant initialized) and so move the "
+                          "allocator's chunks from step to step, oneDNN's workspaces")
     times = result.modelled_step_time
     if times is not None and not result.reverted:
         console.print(f"modelled step time: {times[0]:.2f}x at one inter-op thread, "
@@ -264,7 +265,9 @@ def render_rewrite(result: RewriteResult, output: str, console: Console,
             console.print("  " + spread_sentence(
                 est.estimated_bytes, est.lowest_peak_bytes,
                 threads_label(est.phase, est.highest_threads), est.lowest_phase, label,
-                high_walk=est.highest_walk, low_walk=est.lowest_walk))
+                high_walk=est.highest_walk, low_walk=est.lowest_walk,
+                carried=est.estimated_bytes > max((o.peak_bytes for o in est.orders),
+                                                  default=0)))
     if plot:
         console.print(f"plot written to {plot}")
 
