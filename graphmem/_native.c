@@ -341,6 +341,19 @@ static void clear_allocators(Allocators *all) {
     PyMem_Free(all->items);
 }
 
+/* An event's request (its device and bytes, fields 1 and 2) handed to its device's
+ * allocator: the allocator's index, the chunk, and the bytes in use before. */
+static int allocate_event(Allocators *all, PyObject *ev, Py_ssize_t *a, int32_t *chunk,
+                          int64_t *before) {
+    *a = allocator_of(all, PyTuple_GET_ITEM(ev, 1), 0);
+    if (*a < 0) return -1;
+    long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
+    if (b == -1 && PyErr_Occurred()) return -1;
+    *before = all->items[*a].in_use;
+    *chunk = bfc_allocate(&all->items[*a], b);
+    return *chunk < 0 ? -1 : 0;
+}
+
 /* bfc._run_step: one step through the allocators from their state; its peak above what
  * was in use when it began (and the position of the event that reached it), the bytes in
  * use at each mark appended to `timeline` (when given). An adopt event (buffer, k, ADOPT)
@@ -365,14 +378,11 @@ static int run_step(Allocators *all, PyObject *events, Py_ssize_t hosted, long l
         PyObject *ev = PyList_GET_ITEM(events, i);
         Py_ssize_t len = PyTuple_GET_SIZE(ev);
         if (len == 4) {
-            Py_ssize_t a = allocator_of(all, PyTuple_GET_ITEM(ev, 1), 0);
-            if (a < 0) goto done;
-            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
-            if (b == -1 && PyErr_Occurred()) goto done;
+            Py_ssize_t a;
+            int32_t chunk;
+            int64_t before;
+            if (allocate_event(all, ev, &a, &chunk, &before) < 0) goto done;
             BFC *alloc = &all->items[a];
-            int64_t before = alloc->in_use;
-            int32_t chunk = bfc_allocate(alloc, b);
-            if (chunk < 0) goto done;
             PyObject *h = handle(a, chunk);
             if (!h || PyDict_SetItem(handles, PyTuple_GET_ITEM(ev, 0), h) < 0) {
                 Py_XDECREF(h);
@@ -395,16 +405,12 @@ static int run_step(Allocators *all, PyObject *events, Py_ssize_t hosted, long l
                 PyErr_SetString(PyExc_IndexError, "replay_step: no such variable");
                 goto done;
             }
-            Py_ssize_t a = allocator_of(all, PyTuple_GET_ITEM(ev, 1), 0);
-            if (a < 0) goto done;
-            long long b = PyLong_AsLongLong(PyTuple_GET_ITEM(ev, 2));
-            if (b == -1 && PyErr_Occurred()) goto done;
-            BFC *alloc = &all->items[a];
-            int64_t before = alloc->in_use;
-            int32_t chunk = bfc_allocate(alloc, b);
-            if (chunk < 0) goto done;
+            Py_ssize_t a;
+            int32_t chunk;
+            int64_t before;
+            if (allocate_event(all, ev, &a, &chunk, &before) < 0) goto done;
             owned[k] = ((long long)a << 32) | (uint32_t)chunk; /* the old chunk stays */
-            if (a != hosted) step += alloc->in_use - before;
+            if (a != hosted) step += all->items[a].in_use - before;
         } else if (len == 1) {
             if (timeline) {
                 PyObject *v = PyLong_FromLongLong(step - start);
