@@ -467,7 +467,7 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     `workspaces` (onednn_workspaces.py): buffers oneDNN's forward kernels allocate beside
     their outputs for their gradients alone, freed after the last of those gradients.
     They count in the highest estimate, not yet in the one that ranks plans (bfc.py,
-    UNRANKED): ranked with them, six of nine tf-slim networks' memory plans change, and
+    UNRANKED): ranked with them, six of the nine TF1 networks' memory plans change, and
     those plans have not been measured.
 
     `initial_copies`: variables that share a constant's buffer when a TF1 session starts
