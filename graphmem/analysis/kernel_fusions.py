@@ -109,6 +109,21 @@ def merged_reader(index: GraphIndex, t: Tensor) -> Tensor | None:
     return None
 
 
+def merged_with_relu(index: GraphIndex, f: int) -> bool:
+    """Whether the remapper merges op f (a training batch norm) with its `Relu` into one
+    kernel (`_FusedBatchNormEx`): the relu is the one reader of f's output 0 and neither
+    has control edges (onednn_workspaces.py: the merged kernel keeps the relu's mask)."""
+    node = index.node(f)
+    if "is_training" in node.attr and not node.attr["is_training"].b:
+        return False
+    if not _one_reader(index, f):
+        return False
+    r = index.consumers[(f, 0)][0]
+    return index.ops[r] == "Relu" and not (
+        index.control_inputs[f] or index.control_consumers[f]
+        or index.control_inputs[r] or index.control_consumers[r])
+
+
 def _one_reader(index: GraphIndex, s: int) -> bool:
     return len(index.consumers.get((s, 0), ())) == 1
 

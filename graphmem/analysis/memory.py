@@ -218,8 +218,10 @@ def estimate_memory(index: GraphIndex, batch_size: int | None = None,
                          allocator,
                          forwarding_reductions(index, nodes, batch_size), variables, nodes,
                          frozenset() if on else FIRST_INPUT_FORWARDING_OPS,
-                         onednn_workspaces(index, batch_size) if on else Workspaces(),
-                         constant_initialized(index, nodes))
+                         # both only change what the allocator replay sees
+                         onednn_workspaces(index, batch_size) if on and allocator
+                         else Workspaces(),
+                         constant_initialized(index, nodes) if allocator else frozenset())
     if order is not None or schedule != "executor":
         est = run_in(order if order is not None else index.topo)
         est.walk = WALK_GIVEN if order is not None else WALK_TOPOLOGICAL

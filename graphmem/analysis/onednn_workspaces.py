@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphmem.analysis.kernel_fusions import merged_with_relu
 from graphmem.graph import dtypes
 from graphmem.graph.index import GraphIndex, attr_of
 
@@ -99,19 +100,6 @@ def _workspace_bytes(index: GraphIndex, f: int, batch_size: int | None) -> int:
         for k in attr_of(index.node(f), "ksize").list.i:
             window *= k
         return elements * (1 if window <= _BYTE_INDEX_WINDOW else 4)
-    if op in BATCH_NORMS and _merged_with_relu(index, f):
+    if op in BATCH_NORMS and merged_with_relu(index, f):
         return 4 * -(-elements // 8)
     return 0
-
-
-def _merged_with_relu(index: GraphIndex, f: int) -> bool:
-    """Whether the remapper merges batch norm f with its Relu into one training kernel."""
-    node = index.node(f)
-    if "is_training" in node.attr and not node.attr["is_training"].b:
-        return False
-    readers = index.consumers.get((f, 0), ())
-    if len(readers) != 1 or index.ops[readers[0]] != "Relu":
-        return False
-    r = readers[0]
-    return not (index.control_inputs[f] or index.control_consumers[f]
-                or index.control_inputs[r] or index.control_consumers[r])

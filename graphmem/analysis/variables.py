@@ -60,9 +60,9 @@ def persistent_bytes(index: GraphIndex) -> int:
 
 # ops whose result a constant input fixes: an initializer made of them (zeros, ones,
 # `constant_initializer`) yields a constant, which TF folds into one `Const` tensor
-_CONSTANT_EXPRESSION_OPS = frozenset({"Const", "Fill", "ZerosLike", "OnesLike", "Identity",
-                                      "Cast", "Reshape", "BroadcastTo", "Pack", "Mul",
-                                      "AddV2", "Add", "Sub"})
+_CONSTANT_EXPRESSION_OPS = frozenset({"Const", "HostConst", "Fill", "ZerosLike", "OnesLike",
+                                      "Identity", "Cast", "Reshape", "BroadcastTo", "Pack",
+                                      "Mul", "AddV2", "Add", "Sub"})
 _MAX_EXPRESSION = 32  # ops looked at above an initial value
 
 

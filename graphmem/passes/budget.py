@@ -985,7 +985,7 @@ def _memory_pick(index: GraphIndex, regions, batch_size: int | None,
     slowed = any(not capped_out(r) and not fast(r) for r in lower)
     lifted = forward is not None and math.isinf(cap) and \
         best.extra_flops > MEMORY_MAX_RECOMPUTE * forward
-    on_target = best.extra_flops > cap
+    on_target = best.extra_flops > cap and _on_target(best, base_times)
     return MemoryPick(best, runs, capped, base, traded, forward if traded else None, slowed,
                       lifted, on_target)
 
