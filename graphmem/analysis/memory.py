@@ -470,7 +470,8 @@ def _simulate(index: GraphIndex, order: list[int], batch_size: int | None, host:
     their outputs for their gradients alone, freed after the last of those gradients.
     They count in the highest estimate, not yet in the one that ranks plans (bfc.py,
     UNRANKED): ranked with them, six of the nine TF1 networks' memory plans change, and
-    those plans have not been measured.
+    those measured no lower on the whole (docs/findings.md, "Plans ranked with oneDNN's
+    workspaces, or picked by the step a session repeats: not kept").
 
     `initial_copies`: variables that share a constant's buffer when a TF1 session starts
     (variables.constant_initialized). The first in-place update of each writes a copy,
